@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` runs the main job, `make test` runs every test.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test unit integration lint typecheck bench clean
+
+$(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
+	VENV=$(VENV) ./scripts/bootstrap.sh
+
+demo: $(VENV)/.installed
+	$(PY) -m tfonspark.demo $(DEMO_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m mypy src
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: $(VENV)/.installed
+	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check src tests examples benchmarks
+
+typecheck: $(VENV)/.installed
+	$(PY) -m mypy src
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/feed.py
+	$(PY) benchmarks/inference.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,143 @@
+"""Every error tfonspark raises, in one tree.
+
+::
+
+    TFoSError
+    ├── ConfigError (ValueError)            bad argument or setting, found before any work starts
+    ├── InputError (ValueError)             bad data: ragged rows, wrong dtypes, missing columns
+    ├── ClusterError                        the TensorFlow cluster as a whole went wrong
+    │   ├── ReservationTimeout (TimeoutError)   too few nodes registered in time
+    │   ├── NodeFailed                       a TF node exited with an error or was killed
+    │   └── ShutdownTimeout (TimeoutError)   nodes did not finish within the shutdown timeout
+    ├── FeedError                           feeding data to, or reading results from, a node
+    │   └── FeedTimeout (TimeoutError)       a node did not take or return data in time
+    ├── ProtocolError                       a peer broke the wire protocol
+    │   └── AuthenticationError              a peer failed the per-cluster secret check
+    └── DataFormatError (ValueError)        a corrupt file (TFRecord, idx): names file and offset
+
+All exceptions are picklable (they travel from Spark executors to the driver) and carry the
+values that explain them as attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "ClusterError",
+    "ConfigError",
+    "DataFormatError",
+    "FeedError",
+    "FeedTimeout",
+    "InputError",
+    "NodeFailed",
+    "ProtocolError",
+    "ReservationTimeout",
+    "ShutdownTimeout",
+    "TFoSError",
+]
+
+
+class TFoSError(Exception):
+    """Base of every tfonspark error."""
+
+    def __reduce__(self):  # keep subclasses with keyword attributes picklable
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> TFoSError:
+    err = Exception.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(TFoSError, ValueError):
+    """An argument or setting is invalid; the message says what was received and what is valid."""
+
+
+class InputError(TFoSError, ValueError):
+    """Data handed to tfonspark cannot be turned into tensors.
+
+    ``column``, ``partition`` and ``row`` locate the bad value where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        column: str | int | None = None,
+        partition: int | None = None,
+        row: int | None = None,
+    ) -> None:
+        where = ", ".join(
+            f"{k}={v!r}"
+            for k, v in (("column", column), ("partition", partition), ("row", row))
+            if v is not None
+        )
+        super().__init__(f"{message} ({where})" if where else message)
+        self.column = column
+        self.partition = partition
+        self.row = row
+
+
+class ClusterError(TFoSError):
+    """The TensorFlow cluster failed as a whole."""
+
+
+class ReservationTimeout(ClusterError, TimeoutError):
+    """Fewer nodes than needed registered within ``reservation_timeout``."""
+
+    def __init__(self, message: str, *, registered: int = 0, required: int = 0) -> None:
+        super().__init__(message)
+        self.registered = registered
+        self.required = required
+
+
+class NodeFailed(ClusterError):
+    """A TensorFlow node failed; ``role``/``index`` name it, ``traceback`` holds its last lines."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        role: str = "",
+        index: int = -1,
+        exit_code: int | None = None,
+        traceback: str = "",
+    ) -> None:
+        text = f"{message}\n--- last output of {role}:{index} ---\n{traceback}" if traceback else message
+        super().__init__(text)
+        self.role = role
+        self.index = index
+        self.exit_code = exit_code
+        self.traceback = traceback
+
+
+class ShutdownTimeout(ClusterError, TimeoutError):
+    """Nodes were still running when the shutdown timeout expired (they have been stopped)."""
+
+
+class FeedError(TFoSError):
+    """Feeding a partition to a node, or reading its results back, failed."""
+
+
+class FeedTimeout(FeedError, TimeoutError):
+    """A node accepted no data (or returned no result) within ``feed_timeout`` seconds."""
+
+
+class ProtocolError(TFoSError):
+    """A peer sent bytes that do not follow the tfonspark wire protocol."""
+
+
+class AuthenticationError(ProtocolError):
+    """A peer could not prove it holds this cluster's secret."""
+
+
+class DataFormatError(TFoSError, ValueError):
+    """A data file is corrupt or not of the expected format; names the file and byte offset."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int | None = None) -> None:
+        where = f"{path}" + (f" at byte {offset}" if offset is not None else "")
+        super().__init__(f"{message}: {where}" if where else message)
+        self.path = path
+        self.offset = offset

@@ -1,0 +1,74 @@
+"""Shared fixtures: one live SparkContext per master kind, environment restored after each test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_ROOT = Path(os.environ.get("TFONSPARK_TEST_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Tests may set environment variables freely; each starts from the same environment."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    path = DATA_ROOT / "mnist"
+    if not (path / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"MNIST idx files not found under {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def fashion_dir() -> Path:
+    path = DATA_ROOT / "fashion"
+    if not (path / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"Fashion-MNIST idx files not found under {path}")
+    return path
+
+
+def _spark_manager():
+    from tfonspark.testing import SparkManager
+
+    return SparkManager.instance()
+
+
+@pytest.fixture(scope="session")
+def spark_manager():
+    manager = _spark_manager()
+    yield manager
+    manager.stop()
+
+
+@pytest.fixture
+def sc(spark_manager):
+    """A SparkContext on ``local-cluster[2,1,1024]``: two real executor JVMs."""
+    return spark_manager.get("local-cluster[2,1,1024]")
+
+
+@pytest.fixture
+def spark(sc):
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()
+
+
+@pytest.fixture
+def sc_local(spark_manager):
+    """A SparkContext on plain ``local[2]`` (a laptop: one JVM, two task slots)."""
+    return spark_manager.get("local[2]")
+
+
+@pytest.fixture
+def standalone(spark_manager):
+    """A SparkContext on a standalone master + 2 workers on 127.0.0.1, started by the tests."""
+    return spark_manager.get("standalone:2")
