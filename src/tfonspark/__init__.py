@@ -1,9 +1,31 @@
-"""tfonspark: distributed TensorFlow training and inference on Apache Spark."""
+"""tfonspark: distributed TensorFlow training and inference on Apache Spark.
+
+The successor of TensorFlowOnSpark: ``tfonspark.run(sc, map_fun, args, num_executors, ...)``
+starts one TensorFlow process per Spark executor and returns a :class:`Cluster` to feed, query
+and shut down. TFoS programs keep working through ``from tfonspark import TFCluster, TFNode``.
+"""
 
 from __future__ import annotations
 
-from . import errors
+from . import TFCluster, TFNode, TFParallel, errors
+from .config import InputMode
+from .driver.cluster import Cluster, run
+from .tfprocess.context import NodeContext, hdfs_path
+from .tfprocess.datafeed import DataFeed, feed_dataset
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "errors"]
+__all__ = [
+    "Cluster",
+    "DataFeed",
+    "InputMode",
+    "NodeContext",
+    "TFCluster",
+    "TFNode",
+    "TFParallel",
+    "__version__",
+    "errors",
+    "feed_dataset",
+    "hdfs_path",
+    "run",
+]

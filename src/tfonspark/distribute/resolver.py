@@ -1,0 +1,133 @@
+"""Who am I in the cluster: a pure reading of ``TF_CONFIG`` (no TensorFlow import).
+
+``TF_CONFIG`` is the JSON document every tfonspark node process gets, e.g.::
+
+    {"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+     "task": {"type": "worker", "index": 0}}
+
+Only ``chief`` and ``worker`` tasks take part in ``MultiWorkerMirroredStrategy``; an
+``evaluator`` task may be listed (it runs on its own). Without ``TF_CONFIG`` the process is a
+single worker and its own chief.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["TF_CONFIG_ENV", "TaskInfo", "is_chief", "task_info"]
+
+TF_CONFIG_ENV = "TF_CONFIG"
+_TRAINING_ROLES = ("chief", "worker")
+_KNOWN_ROLES = (*_TRAINING_ROLES, "evaluator")
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """This process's place in the cluster, as ``TF_CONFIG`` describes it."""
+
+    task_type: str | None
+    task_id: int
+    cluster: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def num_workers(self) -> int:
+        """How many processes train together (chief and workers); 1 without a cluster."""
+        return max(1, sum(len(self.cluster.get(role, ())) for role in _TRAINING_ROLES))
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes checkpoints and exports (see :func:`is_chief`)."""
+        return is_chief(self.task_type, self.task_id, self.cluster)
+
+
+def is_chief(task_type: str | None, task_id: int, cluster: Mapping[str, Any]) -> bool:
+    """The chief is the ``chief`` task, else ``worker`` 0 when the cluster has no chief.
+
+    A process without a task type (no ``TF_CONFIG``) is alone and therefore chief.
+    """
+    if task_type is None or task_type == "chief":
+        return True
+    return task_type == "worker" and task_id == 0 and not cluster.get("chief")
+
+
+def task_info(tf_config: str | Mapping[str, Any] | None = None) -> TaskInfo:
+    """Parse ``tf_config`` (JSON text or a mapping; default: the ``TF_CONFIG`` variable).
+
+    Raises :class:`~tfonspark.errors.ConfigError` naming the bad field when the document is
+    malformed, so that a broken launch fails before any TensorFlow work starts.
+    """
+    if tf_config is None:
+        tf_config = os.environ.get(TF_CONFIG_ENV, "")
+    config = _load(tf_config)
+    if not config:
+        return TaskInfo(task_type=None, task_id=0, cluster={})
+    cluster = _cluster(config.get("cluster", {}))
+    task = config.get("task", {})
+    if not isinstance(task, Mapping):
+        raise ConfigError(f"TF_CONFIG 'task' must be an object. Received: task={task!r}")
+    task_type = task.get("type")
+    if task_type is None:
+        if cluster:
+            raise ConfigError(
+                f"TF_CONFIG has a cluster but no task type. Received: task={dict(task)!r}"
+            )
+        return TaskInfo(task_type=None, task_id=0, cluster=cluster)
+    task_id = _task_index(task.get("index", 0))
+    if cluster and len(cluster.get(task_type, ())) <= task_id:
+        raise ConfigError(
+            f"TF_CONFIG task {task_type}:{task_id} is not in the cluster. "
+            f"Received: cluster={dict(cluster)!r}"
+        )
+    return TaskInfo(task_type=str(task_type), task_id=task_id, cluster=cluster)
+
+
+def _load(tf_config: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    """JSON text or a mapping to a mapping; empty text means no cluster."""
+    if isinstance(tf_config, Mapping):
+        return tf_config
+    if not tf_config.strip():
+        return {}
+    try:
+        config = json.loads(tf_config)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}). Received: {tf_config!r}") from err
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"TF_CONFIG must be a JSON object. Received: {tf_config!r}")
+    return config
+
+
+def _cluster(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Validate the ``cluster`` object: known roles mapping to lists of ``host:port``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"TF_CONFIG 'cluster' must be an object. Received: cluster={raw!r}")
+    cluster: dict[str, tuple[str, ...]] = {}
+    for role, addresses in raw.items():
+        if role not in _KNOWN_ROLES:
+            raise ConfigError(
+                f"TF_CONFIG role {role!r} is not supported by MultiWorkerMirroredStrategy "
+                f"(valid: {', '.join(_KNOWN_ROLES)}). Received: cluster={dict(raw)!r}"
+            )
+        if isinstance(addresses, str) or not all(isinstance(a, str) for a in addresses):
+            raise ConfigError(
+                f"TF_CONFIG cluster[{role!r}] must be a list of 'host:port' strings. "
+                f"Received: {addresses!r}"
+            )
+        cluster[role] = tuple(addresses)
+    return cluster
+
+
+def _task_index(raw: Any) -> int:
+    """The task index as a non-negative int (JSON may carry it as a string)."""
+    try:
+        index = int(raw)
+    except (TypeError, ValueError):
+        index = -1
+    if index < 0:
+        raise ConfigError(f"TF_CONFIG task index must be an integer >= 0. Received: index={raw!r}")
+    return index

@@ -1,0 +1,176 @@
+"""The per-process ``MultiWorkerMirroredStrategy`` and checks that a model belongs to it.
+
+``MultiWorkerMirroredStrategy`` (MWMS) configures collective ops in the TensorFlow runtime, which
+is only possible before the first TensorFlow op runs. So :func:`strategy` must be the first
+TensorFlow call of a node's ``main_fun``; it creates the strategy from ``TF_CONFIG`` once and
+returns the same object afterwards. Without ``TF_CONFIG`` it returns a one-worker MWMS over the
+local devices, so single-process runs take the same code path as clusters.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ..errors import ConfigError
+from .resolver import TF_CONFIG_ENV, TaskInfo, task_info
+
+__all__ = [
+    "COLLECTIVE_ENV",
+    "check_model_strategy",
+    "keras_flavor",
+    "strategy",
+    "sum_across_replicas",
+    "task_info_of",
+]
+
+COLLECTIVE_ENV = "TFONSPARK_COLLECTIVE"
+"""Environment variable choosing the collective implementation: ``auto``, ``ring`` or ``nccl``."""
+
+_IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+_lock = threading.Lock()
+_cached: tuple[tf.distribute.Strategy, tuple[str, str]] | None = None
+
+
+def strategy(*, communication: str | None = None) -> tf.distribute.Strategy:
+    """Return this process's MWMS, creating it from ``TF_CONFIG`` on the first call.
+
+    ``communication`` (default: ``$TFONSPARK_COLLECTIVE`` or ``"auto"``) picks the collective
+    implementation. Raises :class:`~tfonspark.errors.ConfigError` when called after other
+    TensorFlow ops in a multi-worker process, or when ``TF_CONFIG`` or ``communication``
+    changed since the strategy was created (a process holds one strategy for its lifetime).
+    """
+    global _cached
+    config = os.environ.get(TF_CONFIG_ENV, "")
+    name = (communication or os.environ.get(COLLECTIVE_ENV) or "auto").lower()
+    if name not in _IMPLEMENTATIONS:
+        raise ConfigError(
+            f"Unknown collective implementation (set by `communication` or ${COLLECTIVE_ENV}); "
+            f"valid: {', '.join(_IMPLEMENTATIONS)}. Received: communication={name!r}"
+        )
+    key = (config, name)
+    with _lock:
+        if _cached is not None:
+            if _cached[1] != key:
+                raise ConfigError(
+                    "tfonspark.distribute.strategy() was already created in this process with a "
+                    "different TF_CONFIG or communication; a process holds one strategy. "
+                    f"Created with: {_cached[1]!r}. Received: {key!r}"
+                )
+            return _cached[0]
+        task_info(config)  # a malformed TF_CONFIG fails here, with the field named
+        created = _create_mwms(_IMPLEMENTATIONS[name])
+        _cached = (created, key)
+        return created
+
+
+def _create_mwms(implementation: Any) -> tf.distribute.Strategy:
+    """Create the MWMS, turning the runtime's startup-order error into a ConfigError."""
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except RuntimeError as err:
+        if "must be configured at program startup" not in str(err):
+            raise
+        raise ConfigError(
+            "MultiWorkerMirroredStrategy must be created before any other TensorFlow op in the "
+            "process: call tfonspark.distribute.strategy() first in main_fun, before building "
+            "models or datasets."
+        ) from err
+
+
+def task_info_of(strategy: tf.distribute.Strategy) -> TaskInfo:
+    """Where this process sits in ``strategy``'s cluster; one-process strategies are chief."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or resolver.task_type is None:
+        return TaskInfo(task_type=None, task_id=0, cluster={})
+    spec = resolver.cluster_spec().as_dict()
+    cluster = {role: _addresses(tasks) for role, tasks in spec.items()}
+    return TaskInfo(task_type=resolver.task_type, task_id=int(resolver.task_id or 0), cluster=cluster)
+
+
+def _addresses(tasks: Sequence[str] | Mapping[int, str]) -> tuple[str, ...]:
+    """A cluster-spec role entry (list, or dict for sparse specs) as a tuple of addresses."""
+    if isinstance(tasks, Mapping):
+        return tuple(tasks[i] for i in sorted(tasks))
+    return tuple(tasks)
+
+
+def check_model_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
+    """Raise ConfigError unless ``model`` was created *and* compiled under ``strategy.scope()``.
+
+    Keras 3 remembers the strategy whose scope was active when the model and when its optimizer
+    were created; variables made outside the scope are plain (not mirrored) and would silently
+    drift apart between workers.
+    """
+    model_strategy = getattr(model, "_distribute_strategy", strategy)
+    if model_strategy is not strategy:
+        raise ConfigError(
+            "The model was not created under this strategy's scope. Build and compile it inside "
+            "`with tfonspark.distribute.strategy().scope():`, or pass a build_fn that returns "
+            f"a compiled model. Received: model strategy={model_strategy!r}, strategy={strategy!r}"
+        )
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not getattr(model, "compiled", True):
+        raise ConfigError(
+            "The model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
+            "inside the strategy scope before training."
+        )
+    optimizer_strategy = getattr(optimizer, "_distribution_strategy", strategy)
+    if optimizer_strategy is not strategy:
+        raise ConfigError(
+            "The model was compiled outside the strategy scope, so its optimizer is not "
+            "distributed. Call model.compile(...) inside `with strategy.scope():`."
+        )
+    plain = [getattr(v, "path", v.name) for v in model.variables if not _is_distributed(v)]
+    if plain:
+        raise ConfigError(
+            "Some model variables were created outside the strategy scope and are not "
+            f"mirrored: {plain[:5]}. Create the model inside `with strategy.scope():`."
+        )
+
+
+def _is_distributed(variable: Any) -> bool:
+    """Whether a Keras or TF variable is backed by a tf.distribute variable."""
+    value = getattr(variable, "value", variable)
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+def sum_across_replicas(strategy: tf.distribute.Strategy, values: Sequence[float]) -> list[float]:
+    """Sum ``values`` over every replica of the cluster (a collective: all workers must call).
+
+    Each worker contributes its values once per local replica, so callers that need one
+    contribution per worker include a ``1.0`` entry and divide by its sum.
+    """
+    local = tf.constant(list(values), dtype=tf.float64)
+
+    @tf.function(autograph=False)
+    def _reduce(tensor: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(tensor,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return [float(v) for v in _reduce(local).numpy()]
+
+
+def keras_flavor(model: Any) -> str:
+    """``"keras3"`` for a Keras 3 model, ``"tf_keras"`` for a legacy (Keras 2) one, else ``""``.
+
+    tf_keras is what ``tf.keras`` means under ``TF_USE_LEGACY_KERAS=1``; it is never imported
+    here, only recognised by the package its classes come from.
+    """
+    import keras
+
+    if isinstance(model, keras.Model):
+        return "keras3" if int(keras.__version__.split(".")[0]) >= 3 else "tf_keras"
+    if any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(model).__mro__):
+        return "tf_keras"
+    return ""

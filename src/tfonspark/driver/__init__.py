@@ -1,0 +1,1 @@
+"""driver side of tfonspark."""

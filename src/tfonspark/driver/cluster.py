@@ -1,0 +1,276 @@
+"""The driver's view of one TensorFlow cluster: start it, feed it, watch it, shut it down."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..config import InputMode, NodeConfig
+from ..errors import ConfigError, NodeFailed, ReservationTimeout, ShutdownTimeout
+from ..executor.host import local_ip_towards
+from ..executor.node import node_task, start_node
+from ..wire.framing import new_secret
+from .jobs import BackgroundJob, barrier_supported, wait_for_slots
+from .plan import CHIEF_ROLES, DATA_ROLES, NodeRole, plan_roles
+from .rendezvous import NodeState, RendezvousServer
+
+__all__ = ["Cluster", "run"]
+
+log = logging.getLogger(__name__)
+_SPARK_SETTINGS = ("spark.executor.instances, spark.executor.cores, spark.cores.max, "
+                   "spark.task.cpus (or the N in local[N])")
+
+
+def _describe_exit(node: NodeState) -> NodeFailed:
+    """The error the driver raises for a failed node, naming its role, index and output tail."""
+    role = node.role
+    where = f"TensorFlow node {role.name} (executor {role.executor_id})"
+    if node.lost:
+        return NodeFailed(f"{where} was lost: {node.lost}", role=role.job_name, index=role.task_index)
+    assert node.exit is not None
+    code = node.exit.exit_code
+    if code < 0:
+        try:
+            how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"failed with exit code {code}"
+    tail = node.exit.traceback.strip() or node.exit.output_tail.strip()
+    return NodeFailed(f"{where} {how}", role=role.job_name, index=role.task_index, exit_code=code,
+                      traceback="\n".join(tail.splitlines()[-40:]))
+
+
+class Cluster:
+    """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``)."""
+
+    def __init__(self, sc: Any, roles: list[NodeRole], server: RendezvousServer,
+                 config: NodeConfig, input_mode: InputMode) -> None:
+        self.sc = sc
+        self.roles = roles
+        self.server = server
+        self.config = config
+        self.input_mode = input_mode
+        self.cluster_id = config.cluster_id
+        self.cluster_info: list[dict[str, Any]] = []
+        self.launcher: BackgroundJob | None = None
+        self.driver_nodes: list[threading.Thread] = []
+        self.feed_groups: set[str] = set()
+        self._closed = False
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
+
+    # ---- failure handling ------------------------------------------------------------------
+    def _watch(self) -> None:
+        """On the first node failure, cancel the Spark jobs feeding this cluster at once."""
+        self.server.wait_for(lambda nodes: False, None)
+        if self.server.failures():
+            for group in list(self.feed_groups):
+                self.sc.cancelJobGroup(group)
+
+    def check(self) -> None:
+        """Raise NodeFailed (after tearing the cluster down) if any node has failed."""
+        failed = self.server.failures()
+        if failed:
+            first = min(failed, key=lambda n: (n.exit is None, n.role.executor_id))
+            self._teardown(grace_secs=0)
+            raise _describe_exit(first)
+
+    def _launch_error(self) -> BaseException | None:
+        job = self.launcher
+        return job.error if job is not None and job.done.is_set() else None
+
+    # ---- start-up --------------------------------------------------------------------------
+    def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
+        ok = self.server.wait_for(lambda nodes: predicate(nodes) or self._launch_error() is not None,
+                                  timeout)
+        self.check()
+        error = self._launch_error()
+        if error is not None and not predicate(self.server.nodes.values()):
+            self._teardown(grace_secs=0)
+            raise NodeFailed(f"the Spark job that starts the TensorFlow nodes failed before {what}: "
+                             f"{_first_line(error)}") from error
+        if not ok:
+            registered = self.server.registered()
+            self._teardown(grace_secs=0)
+            raise ReservationTimeout(
+                f"{what}: {registered} of {len(self.roles)} TensorFlow nodes registered within "
+                f"{timeout:.0f}s. Each node needs its own Spark task slot; check {_SPARK_SETTINGS}, "
+                "that dynamic allocation can reach that many executors, or raise reservation_timeout.",
+                registered=registered, required=len(self.roles))
+
+    def _start(self, payload: bytes, use_barrier: bool) -> None:
+        self._watcher.start()
+        for role in self.roles:
+            if role.on_driver:
+                t = threading.Thread(target=self._driver_node, args=(role, payload), daemon=True)
+                t.start()
+                self.driver_nodes.append(t)
+        spark_roles = [r.executor_id for r in self.roles if not r.on_driver]
+        rdd = self.sc.parallelize(spark_roles, len(spark_roles))
+        if use_barrier:
+            rdd = rdd.barrier()
+        task = node_task(self.config, payload)
+        self.launcher = BackgroundJob(self.sc, f"tfonspark nodes {self.cluster_id[:8]}",
+                                      lambda: rdd.mapPartitions(task).collect(), self.server.notify)
+        timeout = self.config.reservation_timeout
+        self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
+        self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
+        self.cluster_info = [self._info(n) for n in self.server.nodes.values()]
+
+    def _driver_node(self, role: NodeRole, payload: bytes) -> None:
+        try:
+            start_node(self.config, role.executor_id, payload, [], wait_for_exit=True)
+        except Exception as exc:
+            log.error("driver-side node %s failed to start: %s", role.name, exc)
+
+    @staticmethod
+    def _info(node: NodeState) -> dict[str, Any]:
+        up = node.up
+        return {"executor_id": node.role.executor_id, "job_name": node.role.job_name,
+                "task_index": node.role.task_index, "address": node.address,
+                "executor_key": node.executor_key,
+                "data_address": (up.data_host, up.data_port) if up and up.data_port else None,
+                "tb_url": up.tensorboard_url if up else ""}
+
+    # ---- public API ------------------------------------------------------------------------
+    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input") -> int:
+        """Feed ``data`` (an RDD or DataFrame) to the nodes for ``num_epochs`` epochs.
+
+        Returns the number of rows the nodes received (less than fed if a node terminated).
+        """
+        from .feeding import train
+
+        self._require_spark_mode("train")
+        self.check()
+        return train(self, data, num_epochs, feed_timeout, qname)
+
+    def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input",
+                  output_schema: Any = None) -> Any:
+        """Feed ``data`` to the nodes and return one result per input row (RDD or DataFrame)."""
+        from .feeding import inference
+
+        self._require_spark_mode("inference")
+        self.check()
+        return inference(self, data, feed_timeout, qname, output_schema)
+
+    def _require_spark_mode(self, what: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigError(f"{what}() feeds Spark data and needs input_mode=InputMode.SPARK. "
+                              f"Received: input_mode={InputMode(self.input_mode).name}")
+
+    def tensorboard_url(self) -> str | None:
+        """The TensorBoard URL of the chief (or worker 0), if ``tensorboard=True``."""
+        for node in self.server.nodes.values():
+            if node.up is not None and node.up.tensorboard_url:
+                return node.up.tensorboard_url
+        return None
+
+    def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """End the feed, wait for the chief/workers to finish, stop ps/evaluator nodes.
+
+        Raises NodeFailed if any node failed, ShutdownTimeout if workers are still running after
+        ``timeout`` seconds (they are stopped either way).
+        """
+        if self._closed:
+            return
+        if ssc is not None:
+            ssc.awaitTermination()
+        if self.input_mode == InputMode.SPARK:
+            from .feeding import close_feeds
+
+            close_feeds(self)
+        trainers = lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES)  # noqa: E731
+        done = self.server.wait_for(trainers, timeout if timeout and timeout > 0 else None)
+        self.check()
+        if not done:
+            self._teardown(grace_secs=0)
+            raise ShutdownTimeout(f"TensorFlow workers were still running after timeout={timeout}s; "
+                                  "they have been stopped. Raise shutdown(timeout=...) if training "
+                                  "needs longer.")
+        if grace_secs:
+            time.sleep(grace_secs)
+        self.check()
+        self._teardown(grace_secs=max(grace_secs, 2.0))
+
+    def _teardown(self, grace_secs: float) -> None:
+        """Stop every node, wait for their supervisors, cancel jobs, close the server."""
+        if self._closed:
+            return
+        self._closed = True
+        for node in self.server.nodes.values():
+            self.server.stop_node(node, grace_secs)
+        self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes),
+                             grace_secs + 15)
+        for group in list(self.feed_groups):
+            self.sc.cancelJobGroup(group)
+        if self.launcher is not None:
+            if not self.launcher.join(10):
+                self.launcher.cancel()
+                self.launcher.join(10)
+        self.server.close()
+        for t in self.driver_nodes:
+            t.join(5)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return next((line for line in text if "Error" in line or "Exception" in line), text[0] if text else repr(error))
+
+
+def _driver_host(sc: Any) -> str:
+    host = sc.getConf().get("spark.driver.host", None)
+    return host or local_ip_towards("8.8.8.8")
+
+
+def _default_fs(sc: Any) -> str:
+    try:
+        return str(sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
+    except Exception:
+        return "file://"
+
+
+def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int,
+        num_ps: int = 0, tensorboard: bool = False, input_mode: InputMode | int = InputMode.TENSORFLOW,
+        log_dir: str | None = None, driver_ps_nodes: bool = False, master_node: str | None = None,
+        reservation_timeout: float = 600, queues: Any = None, eval_node: bool = False,
+        release_port: bool = True) -> Cluster:
+    """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
+
+    ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
+    every node is up; raises ReservationTimeout if the executors cannot be reserved in time.
+    """
+    import cloudpickle
+
+    if not callable(map_fun):
+        raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
+    roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
+    mode = InputMode(input_mode)
+    secret = new_secret()
+    cluster_id = uuid.uuid4().hex
+    server = RendezvousServer(cluster_id, roles, secret, _driver_host(sc))
+    config = NodeConfig(cluster_id=cluster_id, driver_host=server.address[0],
+                        driver_port=server.address[1], secret_hex=secret.hex(), input_mode=mode,
+                        tensorboard=tensorboard, log_dir=log_dir, release_port=release_port,
+                        reservation_timeout=float(reservation_timeout), default_fs=_default_fs(sc),
+                        chief_job=master_node if master_node in CHIEF_ROLES else "worker")
+    cluster = Cluster(sc, roles, server, config, mode)
+    spark_nodes = sum(1 for r in roles if not r.on_driver)
+    use_barrier = barrier_supported(sc)
+    try:
+        if use_barrier:
+            slots = wait_for_slots(sc, spark_nodes, float(reservation_timeout))
+            if slots < spark_nodes:
+                raise ReservationTimeout(
+                    f"the cluster needs {spark_nodes} Spark task slots for its TensorFlow nodes but "
+                    f"only {slots} were available after {reservation_timeout}s; check {_SPARK_SETTINGS} "
+                    "or lower num_executors.", registered=slots, required=spark_nodes)
+        cluster._start(cloudpickle.dumps((map_fun, tf_args)), use_barrier)
+    except BaseException:
+        cluster._teardown(grace_secs=0)
+        raise
+    return cluster

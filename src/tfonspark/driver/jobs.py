@@ -1,0 +1,84 @@
+"""Spark jobs the driver runs on behalf of a cluster: in the background, cancellable by group."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["BackgroundJob", "barrier_supported", "task_slots", "wait_for_slots"]
+
+
+class BackgroundJob:
+    """Run ``action()`` (a Spark action) in a thread, under its own cancellable job group."""
+
+    def __init__(self, sc: Any, description: str, action: Callable[[], Any],
+                 on_done: Callable[[], None] | None = None) -> None:
+        self.sc = sc
+        self.group = f"tfonspark-{uuid.uuid4().hex[:12]}"
+        self.description = description
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._action = action
+        self._on_done = on_done
+        self._thread = threading.Thread(target=self._run, name=f"tfos-job-{description}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+            self.result = self._action()
+        except BaseException as exc:  # reported to whoever waits on this job
+            self.error = exc
+        finally:
+            self.done.set()
+            if self._on_done is not None:
+                self._on_done()
+
+    def cancel(self) -> None:
+        if not self.done.is_set():
+            try:
+                self.sc.cancelJobGroup(self.group)
+            except Exception:  # the context may already be stopped
+                pass
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def run_in_group(sc: Any, group: str, description: str, action: Callable[[], Any]) -> Any:
+    """Run ``action`` on the calling thread under ``group`` so another thread can cancel it."""
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    try:
+        return action()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+
+
+def barrier_supported(sc: Any) -> bool:
+    """Barrier mode needs a static set of executors: not with dynamic allocation."""
+    return sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() != "true"
+
+
+def task_slots(sc: Any) -> int:
+    """How many tasks the cluster can run at once right now (what barrier stages need)."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # older or unusual Spark: fall back to registered executors (excluding driver)
+        return max(int(jsc.getExecutorMemoryStatus().size()) - 1, int(sc.defaultParallelism))
+
+
+def wait_for_slots(sc: Any, needed: int, timeout: float) -> int:
+    """Wait up to ``timeout`` for ``needed`` task slots; return how many there are."""
+    deadline = time.monotonic() + timeout
+    slots = task_slots(sc)
+    while slots < needed and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+        slots = task_slots(sc)
+    return slots

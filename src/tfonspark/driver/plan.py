@@ -1,0 +1,104 @@
+"""Role planning and cluster specs: pure functions, tested without Spark."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = [
+    "CHIEF_ROLES",
+    "DATA_ROLES",
+    "SERVICE_ROLES",
+    "NodeRole",
+    "build_cluster_spec",
+    "build_tf_config",
+    "plan_roles",
+]
+
+CHIEF_ROLES = ("chief", "master")
+#: Roles that receive fed data and whose completion ends training.
+DATA_ROLES = ("chief", "master", "worker")
+#: Roles that serve until the cluster shuts down (``server.join()``).
+SERVICE_ROLES = ("ps", "evaluator")
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """The TensorFlow role of one executor slot."""
+
+    executor_id: int
+    job_name: str
+    task_index: int
+    on_driver: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_name}:{self.task_index}"
+
+
+def plan_roles(
+    num_executors: int,
+    num_ps: int = 0,
+    master_node: str | None = None,
+    eval_node: bool = False,
+    driver_ps_nodes: bool = False,
+) -> list[NodeRole]:
+    """Assign roles to executor ids 0..n-1 in TFoS order: ps, chief/master, evaluator, workers."""
+    _check_plan_args(num_executors, num_ps, master_node, eval_node)
+    jobs = ["ps"] * num_ps
+    if master_node:
+        jobs.append(master_node)
+    if eval_node:
+        jobs.append("evaluator")
+    jobs += ["worker"] * (num_executors - len(jobs))
+    roles: list[NodeRole] = []
+    counts: dict[str, int] = {}
+    for executor_id, job in enumerate(jobs):
+        index = counts.get(job, 0)
+        counts[job] = index + 1
+        roles.append(NodeRole(executor_id, job, index, on_driver=driver_ps_nodes and job == "ps"))
+    return roles
+
+
+def _check_plan_args(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> None:
+    if not isinstance(num_executors, int) or num_executors < 1:
+        raise ConfigError(f"num_executors must be a positive integer. Received: {num_executors!r}")
+    if not isinstance(num_ps, int) or num_ps < 0:
+        raise ConfigError(f"num_ps must be a non-negative integer. Received: {num_ps!r}")
+    if master_node is not None and master_node not in CHIEF_ROLES:
+        raise ConfigError(f"master_node must be one of {CHIEF_ROLES} or None. Received: {master_node!r}")
+    trainers = num_executors - num_ps - int(eval_node)
+    if trainers < 1:
+        raise ConfigError(
+            f"no executor left for a chief or worker: num_executors={num_executors}, "
+            f"num_ps={num_ps}, eval_node={eval_node}; raise num_executors or lower num_ps"
+        )
+
+
+def build_cluster_spec(roles: Sequence[NodeRole], addresses: Mapping[int, str]) -> dict[str, list[str]]:
+    """``{job: [host:port, ...]}`` ordered by task index, from each executor's reserved address."""
+    missing = [r.executor_id for r in roles if r.executor_id not in addresses]
+    if missing:
+        raise ConfigError(f"no address registered for executor ids {missing}")
+    spec: dict[str, list[str]] = {}
+    for role in sorted(roles, key=lambda r: (r.job_name, r.task_index)):
+        spec.setdefault(role.job_name, []).append(addresses[role.executor_id])
+    return spec
+
+
+def build_tf_config(cluster_spec: Mapping[str, Sequence[str]], job_name: str, task_index: int) -> str:
+    """The ``TF_CONFIG`` JSON for one node, as ``TFConfigClusterResolver`` reads it."""
+    if job_name not in cluster_spec or not 0 <= task_index < len(cluster_spec[job_name]):
+        raise ConfigError(
+            f"task {job_name}:{task_index} is not in the cluster spec. Received: jobs={sorted(cluster_spec)}"
+        )
+    return json.dumps(
+        {
+            "cluster": {job: list(hosts) for job, hosts in cluster_spec.items()},
+            "task": {"type": job_name, "index": task_index},
+            "environment": "cloud",
+        }
+    )

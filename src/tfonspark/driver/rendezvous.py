@@ -1,0 +1,239 @@
+"""The driver's rendezvous server: nodes register, receive the cluster, report up/exit, get stopped.
+
+Each node's supervisor keeps one authenticated connection open for the node's whole life. A
+connection that drops without a ``NodeExit`` means the node (or its executor) died. Peers that
+fail the handshake are dropped without a reply; the server keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError, ProtocolError
+from ..wire import messages as m
+from ..wire.framing import Connection, server_handshake
+from .plan import NodeRole, build_cluster_spec
+
+__all__ = ["NodeState", "RendezvousServer", "bind_server_socket"]
+
+log = logging.getLogger(__name__)
+_CONTROL_MAX_FRAME = 4 * 1024 * 1024
+
+
+@dataclass
+class NodeState:
+    """What the driver knows about one node."""
+
+    role: NodeRole
+    address: str = ""
+    executor_key: str = ""
+    up: m.NodeUp | None = None
+    exit: m.NodeExit | None = None
+    lost: str = ""
+    conn: Connection | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.exit is not None or bool(self.lost)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.lost) or (
+            self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
+
+
+def _port_candidates(spec: str | None) -> list[int]:
+    """``TFOS_SERVER_PORT``: unset -> any free port; ``5000`` or a range ``5000-5010``."""
+    if not spec:
+        return [0]
+    try:
+        if "-" in spec:
+            low, high = (int(p) for p in spec.split("-", 1))
+            if low > high:
+                raise ValueError
+            return list(range(low, high + 1))
+        return [int(spec)]
+    except ValueError:
+        raise ConfigError(
+            f"TFOS_SERVER_PORT must be a port or a range like 5000-5010. Received: {spec!r}"
+        ) from None
+
+
+def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4096) -> socket.socket:
+    """A listening socket on ``host`` at the first free port of ``port_spec``."""
+    last: OSError | None = None
+    for port in _port_candidates(port_spec):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+            sock.listen(backlog)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise ConfigError(
+        f"cannot listen on {host} at TFOS_SERVER_PORT={port_spec!r}: {last}; "
+        "choose another port range with TFOS_SERVER_PORT or address with TFOS_SERVER_HOST"
+    )
+
+
+class RendezvousServer:
+    """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them."""
+
+    def __init__(self, cluster_id: str, roles: Sequence[NodeRole], secret: bytes,
+                 host: str, port_spec: str | None = None) -> None:
+        self.cluster_id = cluster_id
+        self.secret = secret
+        self.nodes = {r.executor_id: NodeState(r) for r in roles}
+        self.cluster_spec: dict[str, list[str]] | None = None
+        self.rejected = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._sock = bind_server_socket(os.environ.get("TFOS_SERVER_HOST") or host,
+                                        port_spec if port_spec is not None
+                                        else os.environ.get("TFOS_SERVER_PORT"))
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._threads: list[threading.Thread] = []
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="tfos-rendezvous",
+                                               daemon=True)
+        self._accept_thread.start()
+
+    # ---- serving -------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(sock,), daemon=True, name="tfos-rdv-conn")
+            t.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            conn = server_handshake(sock, self.secret, max_frame=_CONTROL_MAX_FRAME)
+        except (OSError, ProtocolError) as exc:
+            with self._cond:
+                self.rejected += 1
+            log.warning("rendezvous: dropped a connection that failed authentication (%s)",
+                        type(exc).__name__)
+            sock.close()
+            return
+        node: NodeState | None = None
+        try:
+            msg = m.recv_message(conn, m.Register)
+            assert isinstance(msg, m.Register)
+            node = self._register(conn, msg)
+            if node is not None:
+                self._follow(conn, node)
+        except (OSError, ProtocolError) as exc:
+            if node is not None:
+                self._lost(node, f"connection to its supervisor broke: {exc}")
+        finally:
+            conn.close()
+
+    def _register(self, conn: Connection, msg: m.Register) -> NodeState | None:
+        """Record a registration, wait for the whole cluster, then send it the spec."""
+        with self._cond:
+            node = self.nodes.get(msg.executor_id)
+            reason = self._refusal(msg, node)
+            if reason or node is None:
+                m.send_message(conn, m.Reject(reason or "unknown executor id"))
+                return None
+            node.address, node.executor_key, node.conn = f"{msg.host}:{msg.port}", msg.executor_key, conn
+            if all(n.address for n in self.nodes.values()):
+                self.cluster_spec = build_cluster_spec(
+                    [n.role for n in self.nodes.values()],
+                    {i: n.address for i, n in self.nodes.items()})
+                self._cond.notify_all()
+            while self.cluster_spec is None and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            spec = self.cluster_spec
+        assert spec is not None
+        m.send_message(conn, m.ClusterReady(node.role.job_name, node.role.task_index, spec))
+        return node
+
+    def _refusal(self, msg: m.Register, node: NodeState | None) -> str:
+        if msg.cluster_id != self.cluster_id:
+            return "registration for another cluster"
+        if node is None:
+            return f"executor id {msg.executor_id} is not part of this cluster"
+        if self.cluster_spec is not None or node.conn is not None:
+            return (f"executor id {msg.executor_id} registered twice (a retried Spark task?); "
+                    "the cluster is already formed")
+        return ""
+
+    def _follow(self, conn: Connection, node: NodeState) -> None:
+        """Read lifecycle events from a node's supervisor until it reports its exit."""
+        while True:
+            msg = m.recv_message(conn, m.NodeUp, m.NodeExit)
+            with self._cond:
+                if isinstance(msg, m.NodeUp):
+                    node.up = msg
+                else:
+                    assert isinstance(msg, m.NodeExit)
+                    node.exit = msg
+                self._cond.notify_all()
+            if isinstance(msg, m.NodeExit):
+                return
+
+    def _lost(self, node: NodeState, why: str) -> None:
+        with self._cond:
+            if not node.finished and not self._closed:
+                node.lost = why
+            self._cond.notify_all()
+
+    # ---- driver-side queries ---------------------------------------------------------------
+    def wait_for(self, predicate, timeout: float | None) -> bool:
+        """Wait until ``predicate(nodes)`` holds or any node fails; True if it holds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.nodes.values()):
+                if self.failures() or self._closed:
+                    return predicate(self.nodes.values())
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def failures(self) -> list[NodeState]:
+        return [n for n in self.nodes.values() if n.failed]
+
+    def registered(self) -> int:
+        with self._cond:
+            return sum(1 for n in self.nodes.values() if n.address)
+
+    def notify(self) -> None:
+        """Wake every waiter (e.g. after a Spark job failed) so it can re-check its conditions."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop_node(self, node: NodeState, grace_secs: float) -> None:
+        """Ask a node's supervisor to stop its TF process; no-op if it has already gone."""
+        if node.conn is None or node.finished:
+            return
+        try:
+            m.send_message(node.conn, m.Stop(grace_secs))
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for closer in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
+            try:
+                closer()
+            except OSError:
+                pass
+        for node in self.nodes.values():
+            if node.conn is not None:
+                node.conn.close()

@@ -1,0 +1,230 @@
+"""Feed tasks: stream one partition to a TF node as columnar batches (and read results back).
+
+A feed task prefers the node on its own executor (same executor key) and falls back to the
+others by partition index. RDD rows are packed into numpy columns here; DataFrame partitions
+arrive as Arrow record batches (``mapInArrow``) and never become Python rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FeedError, FeedTimeout, InputError, ProtocolError
+from ..wire import messages as m
+from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch, pack_rows
+from ..wire.framing import Connection, connect
+from .arrow import arrow_to_columns
+from .host import executor_key
+
+__all__ = ["FeedTarget", "Feeder", "choose_target"]
+
+_TARGET_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FeedTarget:
+    """A node that accepts fed data."""
+
+    name: str
+    executor_key: str
+    host: str
+    port: int
+
+
+def choose_target(targets: list[FeedTarget], key: str, partition: int) -> FeedTarget:
+    """The node on this executor if there is one, else spread partitions over all nodes."""
+    local = [t for t in targets if t.executor_key == key]
+    pool = local or targets
+    return pool[partition % len(pool)]
+
+
+class _Link:
+    """One partition's connection to its node, with timeouts and terminate detection."""
+
+    def __init__(self, feeder: Feeder, partition: int) -> None:
+        self.target = choose_target(feeder.targets, executor_key(), partition)
+        self.partition = partition
+        self.timeout = feeder.feed_timeout
+        try:
+            self.conn: Connection = connect((self.target.host, self.target.port), feeder.secret,
+                                            timeout=min(30.0, self.timeout))
+        except OSError as exc:
+            raise FeedError(f"node {self.target.name} at {self.target.host}:{self.target.port} is not "
+                            f"accepting data ({exc}); its TF process has exited or was stopped") from None
+        self.conn.settimeout(self.timeout)
+        self.terminated = False
+
+    def fail(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, TimeoutError):
+            return FeedTimeout(f"node {self.target.name} took no data and returned no result for "
+                               f"feed_timeout={self.timeout:.0f}s while feeding partition "
+                               f"{self.partition}; is map_fun reading its DataFeed? Raise feed_timeout "
+                               "if its steps are slow.")
+        return FeedError(f"feeding partition {self.partition} to node {self.target.name} failed: "
+                         f"{type(exc).__name__}: {exc}")
+
+    def stop_requested(self) -> bool:
+        """Non-blocking check for a Terminate from the node."""
+        if not self.terminated and select.select([self.conn.sock], [], [], 0)[0]:
+            msg = m.recv_message(self.conn, m.Terminate)
+            self.terminated = isinstance(msg, m.Terminate)
+        return self.terminated
+
+
+class Feeder:
+    """The picklable feed-task functions for one ``train``/``inference`` call."""
+
+    def __init__(self, targets: list[FeedTarget], secret_hex: str, qname: str, feed_timeout: float) -> None:
+        if not targets:
+            raise FeedError("no node of this cluster accepts data (all are ps/evaluator, or none is up)")
+        self.targets = targets
+        self.secret = bytes.fromhex(secret_hex)
+        self.qname = qname
+        self.feed_timeout = float(feed_timeout)
+
+    # ---- batching ----------------------------------------------------------------------------
+    @staticmethod
+    def _row_batches(partition: int, rows: Iterator[Any]) -> Iterator[ColumnBatch]:
+        """Pack rows into batches of about 4 MB (size learned from the first batch)."""
+        size, first_row = 256, 0
+        while True:
+            chunk = list(itertools.islice(rows, size))
+            if not chunk:
+                return
+            batch = pack_rows(chunk, partition, first_row)
+            first_row += len(chunk)
+            per_row = max(batch.nbytes // max(len(chunk), 1), 1)
+            size = max(64, min(65536, _TARGET_BYTES // per_row))
+            yield batch
+
+    # ---- training ----------------------------------------------------------------------------
+    def _send_partition(self, partition: int, batches: Iterator[ColumnBatch], train: bool,
+                        names: list[str] | None = None) -> tuple[_Link | None, int]:
+        """Open a link lazily (empty partitions need none) and stream ``batches`` over it."""
+        link: _Link | None = None
+        count = 0
+        for batch in batches:
+            if link is None:
+                link = _Link(self, partition)
+                m.send_message(link.conn, m.FeedStart(self.qname, train, partition, names or []))
+            if link.stop_requested():
+                return link, count
+            link.conn.send(*encode_batch(batch))
+            count += batch.count
+        if link is not None and not link.terminated:
+            m.send_message(link.conn, m.FeedEnd(count))
+        return link, count
+
+    def _train(self, partition: int, batches: Iterator[ColumnBatch]) -> int:
+        link: _Link | None = None
+        try:
+            link, count = self._send_partition(partition, batches, True)
+            if link is None or link.terminated:
+                return count
+            reply = m.recv_message(link.conn, m.Ack, m.Terminate)
+            if isinstance(reply, m.Ack) and reply.count != count:
+                raise FeedError(f"node {link.target.name} acknowledged {reply.count} of {count} rows "
+                                f"of partition {partition}")
+            return count
+        except (OSError, ProtocolError) as exc:
+            raise (link.fail(exc) if link else FeedError(str(exc))) from None
+        finally:
+            if link is not None:
+                link.conn.close()
+
+    def train_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[int]:
+        yield self._train(partition, self._row_batches(partition, rows))
+
+    def train_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        count = self._train(partition, _arrow_batches(partition, batches))
+        yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
+
+    # ---- inference ---------------------------------------------------------------------------
+    def _infer(self, partition: int, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
+        """Send the partition from a thread while results stream back here, in order."""
+        first = next(batches, None)
+        if first is None:
+            return
+        link = _Link(self, partition)
+        sent: dict[str, Any] = {"count": None, "error": None}
+        sender = threading.Thread(target=self._infer_send,
+                                  args=(link, partition, itertools.chain([first], batches), sent),
+                                  daemon=True)
+        sender.start()
+        received = 0
+        try:
+            while True:
+                payload = link.conn.recv()
+                if bytes(payload[:1]) == BATCH_KIND:
+                    result = decode_batch(payload)
+                    received += result.count
+                    yield result
+                    continue
+                msg = m.decode(payload)
+                if isinstance(msg, m.Terminate):
+                    raise FeedError(f"node {link.target.name} terminated the feed during inference "
+                                    f"of partition {partition}; {received} results were returned")
+                if isinstance(msg, m.ResultsEnd):
+                    break
+            sender.join(self.feed_timeout)
+            if sent["error"] is not None:
+                raise sent["error"]
+            if sent["count"] != received:
+                raise FeedError(f"partition {partition}: node {link.target.name} returned {received} "
+                                f"results for {sent['count']} rows; map_fun must call batch_results "
+                                "with exactly one result per row")
+        except (OSError, ProtocolError) as exc:
+            raise (sent["error"] or link.fail(exc)) from None
+        finally:
+            link.conn.close()
+
+    def _infer_send(self, link: _Link, partition: int, batches: Iterator[ColumnBatch],
+                    sent: dict[str, Any]) -> None:
+        count = 0
+        try:
+            m.send_message(link.conn, m.FeedStart(self.qname, False, partition))
+            for batch in batches:
+                link.conn.send(*encode_batch(batch))
+                count += batch.count
+            m.send_message(link.conn, m.FeedEnd(count))
+            sent["count"] = count
+        except InputError as exc:
+            sent["error"] = exc
+            link.conn.close()
+        except (OSError, ProtocolError) as exc:
+            sent["error"] = link.fail(exc)
+
+    def infer_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[Any]:
+        for result in self._infer(partition, self._row_batches(partition, rows)):
+            yield from result.rows()
+
+    def infer_arrow(self, schema_json: str) -> Any:
+        """The ``mapInArrow`` function for DataFrame inference with the given result schema."""
+
+        def run(batches: Iterator[Any]) -> Iterator[Any]:
+            from pyspark import TaskContext
+
+            from .arrow import columns_to_arrow
+
+            partition = TaskContext.get().partitionId()
+            for result in self._infer(partition, _arrow_batches(partition, batches)):
+                yield columns_to_arrow(result, schema_json)
+
+        return run
+
+
+def _arrow_batches(partition: int, batches: Iterator[Any]) -> Iterator[ColumnBatch]:
+    first_row = 0
+    for rb in batches:
+        if rb.num_rows:
+            yield arrow_to_columns(rb, partition, first_row)
+            first_row += rb.num_rows

@@ -1,0 +1,1 @@
+"""tfprocess side of tfonspark."""

@@ -1,0 +1,231 @@
+"""``DataFeed``: what TF code reads fed Spark data from (TFoS semantics plus a ``tf.data`` face).
+
+``next_batch(n)`` returns up to ``n`` rows (a list of rows, or with ``input_mapping`` a dict of
+tensor name -> numpy array); in inference mode a batch never spans two partitions, so results
+can go back to the partition they belong to. ``as_dataset(batch_size)`` streams whole columnar
+batches into ``tf.data`` without per-row Python work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..wire.codec import ColumnBatch, pack_rows
+from .feedserver import END_FEED, Stream, require_server
+
+__all__ = ["DataFeed", "feed_dataset"]
+
+
+def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    columns: list[Any] = []
+    for j, col in enumerate(first.columns):
+        pieces = [p.columns[j] for p in parts]
+        if isinstance(col, np.ndarray) and all(isinstance(p, np.ndarray) for p in pieces):
+            try:
+                columns.append(np.concatenate(pieces))
+                continue
+            except ValueError:
+                raise InputError(f"batches disagree on the shape of column {j}: "
+                                 f"{[p.shape[1:] for p in pieces]}", column=j) from None
+        columns.append([v for p in pieces for v in p])
+    return ColumnBatch(columns, first.layout, first.names)
+
+
+class DataFeed:
+    """Reads batches fed by ``Cluster.train``/``inference`` on this node."""
+
+    def __init__(self, mgr: Any, train_mode: bool = True, qname_in: str = "input",
+                 qname_out: str = "output", input_mapping: Mapping[str, str] | list[str] | None = None) -> None:
+        self.server = require_server(mgr)
+        self.train_mode = train_mode
+        self.qname_in = qname_in
+        self.qname_out = qname_out
+        self.queue = self.server.queue(qname_in)
+        self.input_mapping = _normalise_mapping(input_mapping)
+        self.done_feeding = False
+        self._pending: tuple[Stream, ColumnBatch, int] | None = None
+        self._last: tuple[Stream | None, int] = (None, 0)
+
+    # ---- reading -------------------------------------------------------------------------
+    def _fill(self) -> bool:
+        """Make sure a batch is pending; False at the end of the feed."""
+        while self._pending is None:
+            if self.done_feeding:
+                return False
+            stream, item = self.queue.get()
+            if item is END_FEED:
+                self.done_feeding = True
+                return False
+            if item is None:  # partition boundary
+                if stream is not None:
+                    stream.maybe_finish()
+                if not self.train_mode and self._boundary_matters:
+                    self._boundary_matters = False
+                    return False
+                continue
+            self._pending = (stream, item, 0)
+        return True
+
+    _boundary_matters = False
+
+    def next_columns(self, batch_size: int) -> ColumnBatch | None:
+        """Up to ``batch_size`` rows as columns, or None once the feed has ended."""
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1. Received: {batch_size}")
+        parts: list[ColumnBatch] = []
+        total = 0
+        stream: Stream | None = None
+        self._boundary_matters = False
+        while total < batch_size:
+            self._boundary_matters = total > 0
+            if not self._fill():
+                break
+            assert self._pending is not None
+            s, batch, offset = self._pending
+            if not self.train_mode and stream is not None and s is not stream:
+                break
+            stream = s
+            take = min(batch_size - total, batch.count - offset)
+            parts.append(batch.slice(offset, offset + take) if (offset or take < batch.count) else batch)
+            total += take
+            self._pending = None if offset + take == batch.count else (s, batch, offset + take)
+        self._boundary_matters = False
+        self._last = (stream, total)
+        return _concat(parts) if parts else None
+
+    def next_batch(self, batch_size: int) -> Any:
+        """TFoS ``next_batch``: a list of up to ``batch_size`` rows, or a dict with ``input_mapping``."""
+        batch = self.next_columns(batch_size)
+        if batch is None:
+            return {t: [] for t in self.input_mapping.values()} if self.input_mapping else []
+        if self.input_mapping:
+            return self._mapped(batch)
+        return batch.rows()
+
+    def _mapped(self, batch: ColumnBatch) -> dict[str, Any]:
+        """Columns renamed to tensors: by column name, or by sorted-name position (TFoS)."""
+        assert self.input_mapping is not None
+        out: dict[str, Any] = {}
+        for position, (column, tensor) in enumerate(sorted(self.input_mapping.items())):
+            if batch.names is not None:
+                if column not in batch.names:
+                    raise InputError(f"input_mapping names column {column!r} but the fed data has "
+                                     f"columns {batch.names}", column=column)
+                out[tensor] = batch.columns[batch.names.index(column)]
+            elif position < len(batch.columns) and batch.layout != "scalar":
+                out[tensor] = batch.columns[position]
+            else:
+                raise InputError(f"input_mapping has {len(self.input_mapping)} columns but fed rows "
+                                 f"have {len(batch.columns)} unnamed fields", column=column)
+        return out
+
+    def should_stop(self) -> bool:
+        return self.done_feeding
+
+    # ---- results and control ------------------------------------------------------------------
+    def batch_results(self, results: Any) -> None:
+        """Send one result per row of the last batch back to the partition it came from."""
+        stream, count = self._last
+        n = len(results)
+        if n != count:
+            raise InputError(f"batch_results received {n} results for a batch of {count} rows; "
+                             "return exactly one result per input row")
+        if stream is None or n == 0:
+            return
+        if isinstance(results, np.ndarray):
+            batch = ColumnBatch([results], "scalar")
+        else:
+            batch = pack_rows(list(results))
+        stream.answer(batch)
+
+    def terminate(self) -> None:
+        """Stop the feed early: queued data is dropped and feed tasks stop sending."""
+        self.server.terminate()
+        self.done_feeding = True
+
+    # ---- tf.data -------------------------------------------------------------------------------
+    def as_dataset(self, batch_size: int, output_signature: Any = None) -> Any:
+        """A ``tf.data.Dataset`` of fed batches (tuples, or dicts for named/mapped columns).
+
+        The element spec is static: taken from ``output_signature`` or from the first batch
+        (``None`` batch dimension); later batches are cast to it or rejected with InputError.
+        """
+        import tensorflow as tf
+
+        if output_signature is None:
+            if not self._fill():
+                raise InputError("the feed ended before any data arrived, so the dataset's element "
+                                 "spec is unknown; pass output_signature=...")
+            assert self._pending is not None
+            output_signature = _signature(self._structure(self._pending[1]))
+
+        flat_specs = tf.nest.flatten(output_signature)
+
+        def batches() -> Iterator[Any]:
+            while True:
+                batch = self.next_columns(batch_size)
+                if batch is None:
+                    return
+                values = tf.nest.flatten(self._structure(batch))
+                yield tf.nest.pack_sequence_as(
+                    output_signature, [_cast(v, s) for v, s in zip(values, flat_specs)])
+
+        return tf.data.Dataset.from_generator(batches, output_signature=output_signature)
+
+    def _structure(self, batch: ColumnBatch) -> Any:
+        if self.input_mapping:
+            return self._mapped(batch)
+        if batch.layout == "scalar":
+            return batch.columns[0]
+        if batch.names is not None and batch.layout == "dict":
+            return dict(zip(batch.names, batch.columns))
+        return tuple(batch.columns)
+
+
+def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[str, str] | None:
+    if mapping is None:
+        return None
+    if isinstance(mapping, (list, tuple)):
+        return {name: name for name in mapping}
+    if isinstance(mapping, Mapping):
+        return dict(mapping)
+    raise InputError(f"input_mapping must be a dict of column -> tensor name or a list of columns. "
+                     f"Received: {type(mapping).__name__}")
+
+
+def _signature(structure: Any) -> Any:
+    import tensorflow as tf
+
+    def spec(col: Any) -> Any:
+        if isinstance(col, np.ndarray):
+            return tf.TensorSpec((None, *col.shape[1:]), tf.as_dtype(col.dtype))
+        if col and isinstance(col[0], (str, bytes)):
+            return tf.TensorSpec((None,), tf.string)
+        raise InputError(f"column of {type(col[0]).__name__} values cannot become a tensor")
+
+    return tf.nest.map_structure(spec, structure, check_types=False) if not isinstance(structure, np.ndarray) else spec(structure)
+
+
+def _cast(value: Any, spec: Any) -> Any:
+    if not isinstance(value, np.ndarray):
+        return np.asarray(value, dtype=object)
+    want = spec.dtype.as_numpy_dtype
+    if value.dtype == want:
+        return value
+    if np.can_cast(value.dtype, want, casting="same_kind"):
+        return value.astype(want)
+    raise InputError(f"a fed batch has dtype {value.dtype} where the dataset expects {spec.dtype.name}")
+
+
+def feed_dataset(ctx: Any, batch_size: int, qname: str = "input", input_mapping: Any = None,
+                 output_signature: Any = None) -> Any:
+    """``tf.data.Dataset`` over the data fed to this node: ``ctx.get_data_feed(...).as_dataset(...)``."""
+    feed = DataFeed(ctx.mgr, True, qname, input_mapping=input_mapping)
+    return feed.as_dataset(batch_size, output_signature)

@@ -1,0 +1,1 @@
+"""The wire: authenticated frames, typed control messages and the columnar batch codec."""

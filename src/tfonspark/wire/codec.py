@@ -1,0 +1,173 @@
+"""Columnar batches: rows -> numpy columns -> one frame, and back without copying.
+
+A batch frame is ``B`` + header length (4) + JSON header + one raw buffer per column. Numeric
+and boolean columns travel as raw little-endian buffers and come back as numpy views of the
+received frame. Other columns (strings, mixed Python objects) are pickled; that is safe only
+because every frame is authenticated before it is decoded (see :mod:`.framing`).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, ProtocolError
+
+__all__ = ["ColumnBatch", "decode_batch", "encode_batch", "pack_rows"]
+
+BATCH_KIND = b"B"
+_LEN = struct.Struct(">I")
+#: Row layouts: a bare value per row, a tuple/list per row, or named fields per row.
+LAYOUTS = ("scalar", "tuple", "dict")
+
+
+@dataclass
+class ColumnBatch:
+    """``count`` rows stored as columns (axis 0 is the row)."""
+
+    columns: list[Any]
+    layout: str = "tuple"
+    names: list[str] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes if isinstance(c, np.ndarray) else 64 * len(c) for c in self.columns)
+
+    def slice(self, start: int, stop: int) -> ColumnBatch:
+        return ColumnBatch([c[start:stop] for c in self.columns], self.layout, self.names)
+
+    def rows(self) -> list[Any]:
+        """Back to Python rows (only for the TFoS list-of-rows API)."""
+        columns = [_py_values(c) for c in self.columns]
+        if self.layout == "scalar":
+            return columns[0]
+        if self.layout == "dict" and self.names is not None:
+            return [dict(zip(self.names, values)) for values in zip(*columns)]
+        return list(zip(*columns))
+
+
+def _py_values(col: Any) -> list[Any]:
+    """A column as a list of per-row values: Python scalars for 1-D columns, arrays otherwise."""
+    if isinstance(col, np.ndarray):
+        return col.tolist() if col.ndim == 1 else list(col)
+    return list(col)
+
+
+def _is_numeric(arr: np.ndarray) -> bool:
+    return arr.dtype.kind in "biufc"
+
+
+def encode_batch(batch: ColumnBatch) -> list[Any]:
+    """Frame parts for ``Connection.send``: header then each column's buffer, no copies."""
+    cols_meta: list[dict[str, Any]] = []
+    buffers: list[Any] = []
+    for col in batch.columns:
+        if isinstance(col, np.ndarray) and _is_numeric(col):
+            arr = np.ascontiguousarray(col)
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            cols_meta.append({"dtype": arr.dtype.str, "shape": list(arr.shape)})
+            buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+        else:
+            blob = pickle.dumps(list(col), protocol=pickle.HIGHEST_PROTOCOL)
+            cols_meta.append({"pickle": len(blob)})
+            buffers.append(blob)
+    header = json.dumps({"layout": batch.layout, "names": batch.names, "cols": cols_meta}).encode()
+    return [BATCH_KIND + _LEN.pack(len(header)) + header, *buffers]
+
+
+def decode_batch(payload: memoryview) -> ColumnBatch:
+    """Rebuild a batch from an authenticated frame; numeric columns are views of ``payload``."""
+    if bytes(payload[:1]) != BATCH_KIND:
+        raise ProtocolError(f"expected a batch frame, got payload kind {bytes(payload[:1])!r}")
+    (hlen,) = _LEN.unpack_from(payload, 1)
+    offset = 1 + _LEN.size + hlen
+    try:
+        header = json.loads(bytes(payload[1 + _LEN.size : offset]))
+        columns: list[Any] = []
+        for meta in header["cols"]:
+            if "pickle" in meta:
+                size = int(meta["pickle"])
+                columns.append(pickle.loads(payload[offset : offset + size]))
+            else:
+                dtype = np.dtype(meta["dtype"])
+                shape = tuple(int(s) for s in meta["shape"])
+                size = int(np.prod(shape)) * dtype.itemsize
+                columns.append(np.frombuffer(payload[offset : offset + size], dtype).reshape(shape))
+            offset += size
+        return ColumnBatch(columns, header["layout"], header["names"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed batch frame: {exc}") from None
+
+
+def _column(values: Sequence[Any], name: str | int, partition: int | None, first_row: int) -> Any:
+    """One column as a numpy array when its values form a regular numeric array, else a list."""
+    first = values[0]
+    if isinstance(first, (str, bytes, dict)) or first is None:
+        return list(values)
+    try:
+        arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+    except ValueError:
+        raise _ragged(values, name, partition, first_row) from None
+    if arr.dtype == object:
+        raise _ragged(values, name, partition, first_row)
+    if arr.dtype.kind in "US":
+        return list(values)
+    return arr
+
+
+def _ragged(values: Sequence[Any], name: str | int, partition: int | None, first_row: int) -> InputError:
+    """Locate the first value whose shape or type differs from the first row's."""
+    def shape(v: Any) -> tuple:
+        return tuple(np.shape(v)) if not isinstance(v, (str, bytes)) else ("str",)
+
+    expected = shape(values[0])
+    for i, value in enumerate(values):
+        if value is None or shape(value) != expected or isinstance(value, (str, bytes)):
+            got = "None" if value is None else f"shape={shape(value)}, type={type(value).__name__}"
+            return InputError(f"ragged or mixed values: expected shape={expected} like the first "
+                              f"row, received {got}", column=name, partition=partition,
+                              row=first_row + i)
+    return InputError("values cannot form a numeric array", column=name, partition=partition,
+                      row=first_row)
+
+
+def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int = 0) -> ColumnBatch:
+    """Turn Python rows (scalars, arrays, tuples/lists, dicts, Rows) into a ColumnBatch.
+
+    Every row must have the layout of the first; violations raise InputError naming the column,
+    partition and row (counted from the start of the partition).
+    """
+    first = rows[0]
+    if isinstance(first, dict):
+        names = list(first)
+        try:
+            cols = [[row[k] for row in rows] for k in names]
+        except (KeyError, TypeError):
+            bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict) or set(r) != set(names))
+            raise InputError(f"row has keys other than the first row's {names}", partition=partition,
+                             row=first_row + bad) from None
+        return ColumnBatch([_column(c, n, partition, first_row) for c, n in zip(cols, names)], "dict", names)
+    if isinstance(first, (tuple, list)):
+        width = len(first)
+        for i, row in enumerate(rows):
+            if not isinstance(row, (tuple, list)) or len(row) != width:
+                got = len(row) if isinstance(row, (tuple, list)) else type(row).__name__
+                raise InputError(f"ragged rows: expected {width} fields like the first row, "
+                                 f"received {got}", partition=partition, row=first_row + i)
+        fields = getattr(first, "__fields__", None)
+        cols = list(zip(*rows))
+        names = list(fields) if fields else None
+        return ColumnBatch([_column(c, names[j] if names else j, partition, first_row)
+                            for j, c in enumerate(cols)], "tuple", names)
+    return ColumnBatch([_column(rows, 0, partition, first_row)], "scalar")

@@ -1,0 +1,194 @@
+"""Typed control messages: one dataclass per message, JSON on the wire.
+
+A payload starts with one kind byte: ``J`` a JSON message from this module, ``B`` a columnar
+batch (see :mod:`.codec`). Unknown kinds, types or fields are a :class:`ProtocolError`; nothing
+on the control plane is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..errors import ProtocolError
+from .framing import Connection
+
+__all__ = [
+    "Ack",
+    "ClusterReady",
+    "FeedClose",
+    "FeedEnd",
+    "FeedStart",
+    "Message",
+    "NodeExit",
+    "NodeUp",
+    "Register",
+    "Reject",
+    "ResultsEnd",
+    "Stop",
+    "Terminate",
+    "decode",
+    "encode",
+    "recv_message",
+    "send_message",
+]
+
+JSON_KIND = b"J"
+BATCH_KIND = b"B"
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+@dataclass
+class Message:
+    """Base of all control messages; subclasses register themselves by ``TYPE``."""
+
+    TYPE: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.TYPE] = cls
+
+
+@dataclass
+class Register(Message):
+    """Supervisor -> driver: this executor slot has reserved ``port`` and wants its role."""
+
+    TYPE: ClassVar[str] = "register"
+    executor_id: int
+    host: str
+    port: int
+    executor_key: str
+    pid: int
+    cluster_id: str
+
+
+@dataclass
+class ClusterReady(Message):
+    """Driver -> supervisor: every node registered; here is the whole cluster."""
+
+    TYPE: ClassVar[str] = "cluster_ready"
+    job_name: str
+    task_index: int
+    cluster_spec: dict[str, list[str]]
+
+
+@dataclass
+class Reject(Message):
+    """Driver -> peer: the request cannot be served; ``reason`` says why."""
+
+    TYPE: ClassVar[str] = "reject"
+    reason: str
+
+
+@dataclass
+class NodeUp(Message):
+    """Supervisor -> driver: the TF process runs; where its data server listens."""
+
+    TYPE: ClassVar[str] = "node_up"
+    executor_id: int
+    tf_pid: int
+    data_host: str
+    data_port: int
+    tensorboard_url: str = ""
+
+
+@dataclass
+class NodeExit(Message):
+    """Supervisor -> driver: the TF process ended with ``exit_code`` (negative: signal)."""
+
+    TYPE: ClassVar[str] = "node_exit"
+    executor_id: int
+    exit_code: int
+    traceback: str = ""
+    output_tail: str = ""
+    stopped: bool = False
+
+
+@dataclass
+class Stop(Message):
+    """Driver -> supervisor: stop the TF process (SIGTERM, then SIGKILL after ``grace_secs``)."""
+
+    TYPE: ClassVar[str] = "stop"
+    grace_secs: float = 5.0
+
+
+@dataclass
+class Ack(Message):
+    TYPE: ClassVar[str] = "ack"
+    count: int = 0
+
+
+@dataclass
+class FeedStart(Message):
+    """Feeder -> node: a partition follows, for queue ``qname``, to train on or infer."""
+
+    TYPE: ClassVar[str] = "feed_start"
+    qname: str
+    train: bool
+    partition: int
+    columns: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FeedEnd(Message):
+    """Feeder -> node: the partition is complete with ``count`` rows."""
+
+    TYPE: ClassVar[str] = "feed_end"
+    count: int
+
+
+@dataclass
+class FeedClose(Message):
+    """Driver -> node: no more data will come for ``qname`` (end of the feed)."""
+
+    TYPE: ClassVar[str] = "feed_close"
+    qname: str
+
+
+@dataclass
+class Terminate(Message):
+    """Node -> feeder: the TF process called ``terminate()``; send nothing more."""
+
+    TYPE: ClassVar[str] = "terminate"
+
+
+@dataclass
+class ResultsEnd(Message):
+    """Node -> feeder: all ``count`` results for the partition have been sent."""
+
+    TYPE: ClassVar[str] = "results_end"
+    count: int
+
+
+def encode(message: Message) -> bytes:
+    body = dataclasses.asdict(message)
+    body["type"] = message.TYPE
+    return JSON_KIND + json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(payload: memoryview | bytes) -> Message:
+    """Parse a ``J`` payload into its message class, validating type and fields."""
+    data = bytes(payload)
+    if data[:1] != JSON_KIND:
+        raise ProtocolError(f"expected a control message, got payload kind {data[:1]!r}")
+    try:
+        body = json.loads(data[1:])
+        cls = _REGISTRY[body.pop("type")]
+        return cls(**body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed control message: {exc}") from None
+
+
+def send_message(conn: Connection, message: Message) -> None:
+    conn.send(encode(message))
+
+
+def recv_message(conn: Connection, *expected: type[Message]) -> Message:
+    """Receive one control message; if ``expected`` is given, anything else is an error."""
+    message = decode(conn.recv())
+    if expected and not isinstance(message, expected):
+        names = ", ".join(e.TYPE for e in expected)
+        raise ProtocolError(f"expected {names}, received {message.TYPE}")
+    return message
