@@ -72,3 +72,16 @@ def sc_local(spark_manager):
 def standalone(spark_manager):
     """A SparkContext on a standalone master + 2 workers on 127.0.0.1, started by the tests."""
     return spark_manager.get("standalone:2")
+
+
+_KIND_ORDER = {"sc": 1, "spark": 1, "sc_local": 2, "standalone": 3}
+
+
+def pytest_collection_modifyitems(items):
+    """Group tests by the Spark master they need, so each kind of cluster starts once."""
+
+    def kind(item):
+        names = getattr(item, "fixturenames", ())
+        return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
+
+    items.sort(key=kind)

@@ -34,7 +34,8 @@ class NodeConfig:
     reservation_timeout: float = 600.0
     default_fs: str = "file://"
     chief_job: str = "worker"
-    feed_buffer_bytes: int = 256 * 1024 * 1024
+    feed_buffer_bytes: int = 64 * 1024 * 1024
+    tensorboard_port: int = 0
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):

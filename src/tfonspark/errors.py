@@ -45,10 +45,15 @@ class TFoSError(Exception):
 
 
 def _rebuild(cls: type, args: tuple, state: dict) -> TFoSError:
-    err = Exception.__new__(cls)
+    err = cls.__new__(cls, *args)  # not Exception.__new__: OSError (TimeoutError) has its own
     Exception.__init__(err, *args)
     err.__dict__.update(state)
     return err
+
+
+def from_message(cls: type[TFoSError], message: str) -> TFoSError:
+    """An instance of ``cls`` carrying only ``message`` (rebuilt from a remote traceback)."""
+    return _rebuild(cls, (message,), {})
 
 
 class ConfigError(TFoSError, ValueError):

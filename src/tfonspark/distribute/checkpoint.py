@@ -49,7 +49,7 @@ class EpochCheckpoint:
         self._checkpoint = tf.train.Checkpoint(
             model=model, optimizer=model.optimizer, completed_epochs=self._epoch
         )
-        self._max_to_keep = max_to_keep
+        self._checkpoint.save_counter  # noqa: B018  created now so that restore fills it in
         self._manager: tf.train.CheckpointManager | None = None
         if self._task.is_chief:
             self._manager = tf.train.CheckpointManager(
@@ -67,7 +67,7 @@ class EpochCheckpoint:
         if path:
             try:
                 self._checkpoint.restore(path).assert_existing_objects_matched()
-            except AssertionError as err:
+            except (AssertionError, ValueError) as err:
                 raise ConfigError(
                     f"The checkpoint {path} does not match the model (different layers or "
                     f"optimizer); use a new model_dir. Details: {err}"
@@ -81,8 +81,10 @@ class EpochCheckpoint:
         """Save after an epoch (a collective: all workers call it); the chief's path, else None."""
         self._epoch.assign(completed_epochs)
         if self._manager is not None:
-            return self._manager.save(checkpoint_number=completed_epochs)
-        scratch = tempfile.mkdtemp(prefix=f"tfonspark-ckpt-{self._task.task_type}{self._task.task_id}-")
+            return str(self._manager.save(checkpoint_number=completed_epochs))
+        scratch = tempfile.mkdtemp(
+            prefix=f"tfonspark-ckpt-{self._task.task_type}{self._task.task_id}-"
+        )
         try:
             scratch_manager = tf.train.CheckpointManager(self._checkpoint, scratch, max_to_keep=1)
             scratch_manager.save(checkpoint_number=completed_epochs)

@@ -52,6 +52,10 @@ completed epochs) after every epoch; a later ``fit`` with the same ``model_dir``
 last completed epoch, so ``epochs`` is the total to reach, not a number to add. Resuming is at
 epoch granularity; the position in the input is not saved.
 
+Keras callbacks run on every worker. Callbacks that write files (``ModelCheckpoint``,
+``TensorBoard``, ``CSVLogger``) need a different path per worker, or should only be added on the
+chief (see ``DistributedTrainer.is_chief``); prefer ``model_dir`` for checkpoints.
+
 ``jit_compile`` on the model is not used (the step runs as a plain ``tf.function``).
 """
 
@@ -189,13 +193,23 @@ class DistributedTrainer:
         level = _verbosity(verbose, self.is_chief)
         if self.flavor == "tf_keras":
             return self._fit_tf_keras(
-                dataset, epochs, steps_per_epoch, validation_data, validation_steps, callbacks, level
+                dataset,
+                epochs,
+                steps_per_epoch,
+                validation_data,
+                validation_steps,
+                callbacks,
+                level,
             )
         train = _Input(self.strategy, dataset, "dataset", steps_per_epoch, self._shard_policy)
         val = None
         if validation_data is not None:
             val = _Input(
-                self.strategy, validation_data, "validation_data", validation_steps, self._shard_policy
+                self.strategy,
+                validation_data,
+                "validation_data",
+                validation_steps,
+                self._shard_policy,
             )
         self._build(train.local_spec)
         initial_epoch = self._restore()
@@ -203,11 +217,13 @@ class DistributedTrainer:
         self.model.stop_training = False
         callback_list.on_train_begin()
         if initial_epoch >= epochs:
-            _log.info("model_dir already holds %d completed epoch(s); nothing to train", initial_epoch)
+            _log.info(
+                "model_dir already holds %d completed epoch(s); nothing to train", initial_epoch
+            )
         logs: dict[str, Any] = {}
         for epoch in range(initial_epoch, epochs):
-            logs = self._fit_epoch(epoch, train, val, callback_list)
-            if logs.pop("_stop"):
+            logs, stop = self._fit_epoch(epoch, train, val, callback_list)
+            if stop:
                 break
         callback_list.on_train_end(logs)
         return history
@@ -224,8 +240,8 @@ class DistributedTrainer:
 
     def _fit_epoch(
         self, epoch: int, train: _Input, val: _Input | None, callback_list: Any
-    ) -> dict[str, Any]:
-        """Train one epoch, validate, run callbacks, checkpoint; logs plus an agreed ``_stop``."""
+    ) -> tuple[dict[str, Any], bool]:
+        """Train one epoch, validate, run callbacks, checkpoint; (logs, all agree to stop)."""
         started = time.perf_counter()
         callback_list.on_epoch_begin(epoch)
         self.model.reset_metrics()
@@ -236,11 +252,10 @@ class DistributedTrainer:
         callback_list.on_epoch_end(epoch, logs)
         if self._checkpoint is not None:
             self._checkpoint.save(epoch + 1)
+        local_replicas = len(self.strategy.extended.worker_devices)
         stop_votes, global_rows = strategies.sum_across_replicas(
-            self.strategy, [1.0 if self.model.stop_training else 0.0, float(rows)]
+            self.strategy, [1.0 if self.model.stop_training else 0.0, rows / local_replicas]
         )
-        replicas = self.strategy.num_replicas_in_sync
-        global_rows *= len(self.strategy.extended.worker_devices) / replicas
         self._report(
             Progress(
                 epoch=epoch,
@@ -254,27 +269,22 @@ class DistributedTrainer:
                 worker=self._worker,
             )
         )
-        return {**logs, "_stop": stop_votes > 0}
+        return logs, stop_votes > 0
 
     def _train_steps(
         self, epoch: int, train: _Input, callback_list: Any, started: float
     ) -> tuple[int, int, Mapping[str, Any]]:
         """Run the epoch's steps; return (steps, rows on this worker, last local logs)."""
         train_fn = self._step_fn("train")
-        iterator = train.epoch_iterator()
+        train.start_epoch()
         step = rows = 0
         logs: Mapping[str, Any] = {}
-        restarted = False
         while train.steps is None or step < train.steps:
             callback_list.on_train_batch_begin(step)
-            try:
-                outputs, batch_rows = train_fn(iterator)
-            except _OUT_OF_DATA:
-                if step == 0 and train.carries_over and not restarted:
-                    iterator, restarted = train.restart(), True  # ran out exactly at epoch end
-                    continue
-                train.ran_out(step)
+            result = _next_step(train_fn, train, step)
+            if result is None:
                 break
+            outputs, batch_rows = result
             logs = self._local(outputs)
             rows += int(sum(self.strategy.experimental_local_results(batch_rows)))
             callback_list.on_train_batch_end(step, logs)
@@ -290,13 +300,13 @@ class DistributedTrainer:
         test_fn = self._step_fn("test")
         self.model.reset_metrics()
         callback_list.on_test_begin()
-        iterator = val.epoch_iterator()
+        val.start_epoch()
         step = 0
         logs: Mapping[str, Any] = {}
         while val.steps is None or step < val.steps:
             callback_list.on_test_batch_begin(step)
             try:
-                outputs, _ = test_fn(iterator)
+                outputs, _ = test_fn(val.iterator)
             except _OUT_OF_DATA:
                 break
             logs = self._local(outputs)
@@ -373,7 +383,13 @@ class DistributedTrainer:
         return strategies.task_info_of(self.strategy).task_id
 
     def _report_step(
-        self, epoch: int, step: int, steps: int | None, logs: Mapping[str, Any], rows: int, started: float
+        self,
+        epoch: int,
+        step: int,
+        steps: int | None,
+        logs: Mapping[str, Any],
+        rows: int,
+        started: float,
     ) -> None:
         self._report(
             Progress(
@@ -490,7 +506,9 @@ class _Input:
         self.steps = steps
         self._name = name
         if isinstance(data, tf.data.Dataset):
-            self.dataset = strategy.experimental_distribute_dataset(_with_policy(data, shard_policy))
+            self.dataset = strategy.experimental_distribute_dataset(
+                _with_policy(data, shard_policy)
+            )
         elif isinstance(data, tf.distribute.DistributedDataset):
             self.dataset = data
         elif callable(data):
@@ -511,20 +529,21 @@ class _Input:
             raise ConfigError(
                 f"{name} is infinite; pass {'steps_per_epoch' if name == 'dataset' else 'validation_steps'}."
             )
-        self.known_steps = steps if steps is not None else (cardinality if cardinality >= 0 else None)
+        self.known_steps = (
+            steps if steps is not None else (cardinality if cardinality >= 0 else None)
+        )
         self.carries_over = steps is not None and name == "dataset"
-        self._iterator: Iterator[Any] | None = None
+        self.iterator: Iterator[Any] | None = None
 
-    def epoch_iterator(self) -> Iterator[Any]:
-        """A new iterator per epoch, or the carried-over one when ``steps`` is set."""
-        if not self.carries_over or self._iterator is None:
-            self._iterator = iter(self.dataset)
-        return self._iterator
+    def start_epoch(self) -> None:
+        """A new iterator per epoch, or keep the carried-over one when ``steps`` is set."""
+        if not self.carries_over or self.iterator is None:
+            self.iterator = iter(self.dataset)
 
     def restart(self) -> Iterator[Any]:
         """Start the data again (it ran out at an epoch boundary)."""
-        self._iterator = iter(self.dataset)
-        return self._iterator
+        self.iterator = iter(self.dataset)
+        return self.iterator
 
     def ran_out(self, step: int) -> None:
         """Note that the data ended; with ``steps`` set, warn and restart next epoch."""
@@ -536,7 +555,25 @@ class _Input:
                 step,
                 self.steps,
             )
-        self._iterator = None
+        self.iterator = None
+
+
+def _next_step(step_fn: Callable[[Any], Any], data: _Input, step: int) -> Any:
+    """Run one step; None when the data ran out.
+
+    A carried-over iterator that is exhausted right at the start of an epoch is restarted once,
+    so ``steps_per_epoch`` equal to the data's length works epoch after epoch.
+    """
+    try:
+        return step_fn(data.iterator)
+    except _OUT_OF_DATA:
+        if step == 0 and data.carries_over:
+            try:
+                return step_fn(data.restart())
+            except _OUT_OF_DATA:
+                pass
+        data.ran_out(step)
+        return None
 
 
 def _model_and_strategy(model: Any, strategy: tf.distribute.Strategy | None) -> tuple[Any, Any]:
@@ -611,12 +648,12 @@ def _local_spec(spec: Any) -> Any:
 
 
 def _cardinality(distributed: Any, original: Any) -> int:
-    """Number of batches per worker if TensorFlow knows it; negative when unknown/infinite."""
-    source = original if isinstance(original, tf.data.Dataset) else distributed
-    value = getattr(source, "cardinality", None)
-    if value is None:
-        return int(tf.data.UNKNOWN_CARDINALITY)
-    return int(value() if callable(value) else value)
+    """Steps per epoch on this worker if TensorFlow knows them; negative: unknown/infinite."""
+    for source in (distributed, original):
+        value = getattr(source, "cardinality", None)
+        if value is not None:
+            return int(value() if callable(value) else value)
+    return int(tf.data.UNKNOWN_CARDINALITY)
 
 
 def _with_policy(

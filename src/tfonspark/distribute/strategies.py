@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -95,7 +96,9 @@ def task_info_of(strategy: tf.distribute.Strategy) -> TaskInfo:
         return TaskInfo(task_type=None, task_id=0, cluster={})
     spec = resolver.cluster_spec().as_dict()
     cluster = {role: _addresses(tasks) for role, tasks in spec.items()}
-    return TaskInfo(task_type=resolver.task_type, task_id=int(resolver.task_id or 0), cluster=cluster)
+    return TaskInfo(
+        task_type=resolver.task_type, task_id=int(resolver.task_id or 0), cluster=cluster
+    )
 
 
 def _addresses(tasks: Sequence[str] | Mapping[int, str]) -> tuple[str, ...]:
@@ -149,16 +152,28 @@ def sum_across_replicas(strategy: tf.distribute.Strategy, values: Sequence[float
     """Sum ``values`` over every replica of the cluster (a collective: all workers must call).
 
     Each worker contributes its values once per local replica, so callers that need one
-    contribution per worker include a ``1.0`` entry and divide by its sum.
+    contribution per worker divide by their local replica count first.
     """
-    local = tf.constant(list(values), dtype=tf.float64)
+    reduce = _reducers.get(strategy)
+    if reduce is None:
+        reduce = _reducers[strategy] = _make_reducer(strategy)
+    return [float(v) for v in reduce(tf.constant(list(values), dtype=tf.float64)).numpy()]
 
-    @tf.function(autograph=False)
-    def _reduce(tensor: tf.Tensor) -> tf.Tensor:
+
+def _make_reducer(strategy: tf.distribute.Strategy) -> Callable[[tf.Tensor], tf.Tensor]:
+    """One traced all-reduce of a float64 vector per strategy (no retracing per call)."""
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.float64)])
+    def reduce(tensor: tf.Tensor) -> tf.Tensor:
         per_replica = strategy.run(tf.identity, args=(tensor,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    return [float(v) for v in _reduce(local).numpy()]
+    return reduce
+
+
+_reducers: weakref.WeakKeyDictionary[Any, Callable[[tf.Tensor], tf.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def keras_flavor(model: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -208,10 +209,9 @@ class Cluster:
                              grace_secs + 15)
         for group in list(self.feed_groups):
             self.sc.cancelJobGroup(group)
-        if self.launcher is not None:
-            if not self.launcher.join(10):
-                self.launcher.cancel()
-                self.launcher.join(10)
+        if self.launcher is not None and not self.launcher.join(10):
+            self.launcher.cancel()
+            self.launcher.join(10)
         self.server.close()
         for t in self.driver_nodes:
             t.join(5)
@@ -220,6 +220,14 @@ class Cluster:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return next((line for line in text if "Error" in line or "Exception" in line), text[0] if text else repr(error))
+
+
+def _int_env(name: str) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer. Received: {value!r}") from None
 
 
 def _driver_host(sc: Any) -> str:
@@ -244,7 +252,7 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
     ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
     every node is up; raises ReservationTimeout if the executors cannot be reserved in time.
     """
-    import cloudpickle
+    from pyspark import cloudpickle
 
     if not callable(map_fun):
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
@@ -257,7 +265,9 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
                         driver_port=server.address[1], secret_hex=secret.hex(), input_mode=mode,
                         tensorboard=tensorboard, log_dir=log_dir, release_port=release_port,
                         reservation_timeout=float(reservation_timeout), default_fs=_default_fs(sc),
-                        chief_job=master_node if master_node in CHIEF_ROLES else "worker")
+                        chief_job=master_node if master_node in CHIEF_ROLES else "worker",
+                        tensorboard_port=_int_env("TENSORBOARD_PORT"),
+                        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024)
     cluster = Cluster(sc, roles, server, config, mode)
     spark_nodes = sum(1 for r in roles if not r.on_driver)
     use_barrier = barrier_supported(sc)

@@ -50,9 +50,7 @@ def _raise_typed(cluster: Cluster, exc: BaseException) -> None:
     if match:
         cls = getattr(errors, match.group(1), None)
         if isinstance(cls, type) and issubclass(cls, errors.TFoSError):
-            error = Exception.__new__(cls)
-            Exception.__init__(error, match.group(2).strip())
-            raise error from exc
+            raise errors.from_message(cls, match.group(2).strip()) from exc
     raise FeedError(f"the feed job failed: {str(exc).strip().splitlines()[0] if str(exc) else exc!r}") from exc
 
 
@@ -68,22 +66,44 @@ def _run_feed_job(cluster: Cluster, description: str, action: Any) -> Any:
 
 
 def train(cluster: Cluster, data: Any, num_epochs: int, feed_timeout: float, qname: str) -> int:
-    """Feed every row of ``data`` ``num_epochs`` times; return how many rows the nodes received."""
+    """Feed every row of ``data`` ``num_epochs`` times; return how many rows the nodes received.
+
+    If every data node stops taking data (``terminate()``, or ``map_fun`` returned) the rest of
+    the feed is skipped, as in TFoS, and the rows delivered so far are returned.
+    """
     if not isinstance(num_epochs, int) or num_epochs < 1:
         raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
     feeder = _feeder(cluster, qname, feed_timeout)
+    delivered = cluster.sc.accumulator(0)
+
+    def count(n: int) -> int:
+        delivered.add(n)
+        return n
+
     if _is_dataframe(data):
         epochs = functools.reduce(lambda a, b: a.unionAll(b), [data] * num_epochs)
         counted = epochs.mapInArrow(feeder.train_arrow, "rows long")
         action = lambda: sum(r[0] for r in counted.collect())  # noqa: E731
     elif hasattr(data, "mapPartitionsWithIndex"):
         rdd = data.context.union([data] * num_epochs) if num_epochs > 1 else data
-        action = lambda: sum(rdd.mapPartitionsWithIndex(feeder.train_rdd).collect())  # noqa: E731
+        action = lambda: sum(rdd.mapPartitionsWithIndex(feeder.train_rdd).map(count).collect())  # noqa: E731
     else:
         raise ConfigError(f"train() takes a Spark RDD or DataFrame. Received: {type(data).__name__}")
-    result = _run_feed_job(cluster, f"tfonspark train {cluster.cluster_id[:8]}", action)
+    try:
+        result = _run_feed_job(cluster, f"tfonspark train {cluster.cluster_id[:8]}", action)
+    except FeedError:
+        if not _all_data_nodes_done(cluster):
+            raise
+        return int(delivered.value)
     cluster.check()
     return int(result)
+
+
+def _all_data_nodes_done(cluster: Cluster) -> bool:
+    """True once no data node takes data any more (each terminated its feed or exited cleanly)."""
+    cluster.check()
+    nodes = [n for n in cluster.server.nodes.values() if n.role.job_name in DATA_ROLES]
+    return all(n.finished for n in nodes)
 
 
 def inference(cluster: Cluster, data: Any, feed_timeout: float, qname: str, output_schema: Any) -> Any:
@@ -172,7 +192,8 @@ def close_feeds(cluster: Cluster, qnames: tuple[str, ...] = ("input",)) -> None:
                     m.send_message(conn, m.FeedClose(qname))
                     conn.settimeout(30)
                     m.recv_message(conn, m.Ack)
+            except TimeoutError as exc:  # before OSError: TimeoutError is an OSError
+                raise FeedTimeout(f"node {node.role.name} did not accept the end of feed within 30s: "
+                                  f"{exc}") from exc
             except OSError:
                 pass  # the node already exited; shutdown() reports how it ended
-            except TimeoutError as exc:
-                raise FeedTimeout(f"node {node.role.name} did not accept the end of feed: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -40,10 +41,8 @@ class BackgroundJob:
 
     def cancel(self) -> None:
         if not self.done.is_set():
-            try:
+            with contextlib.suppress(Exception):  # the context may already be stopped
                 self.sc.cancelJobGroup(self.group)
-            except Exception:  # the context may already be stopped
-                pass
 
     def join(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)

@@ -7,6 +7,7 @@ fail the handshake are dropped without a reply; the server keeps serving the oth
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -55,10 +56,11 @@ def _port_candidates(spec: str | None) -> list[int]:
     try:
         if "-" in spec:
             low, high = (int(p) for p in spec.split("-", 1))
-            if low > high:
-                raise ValueError
-            return list(range(low, high + 1))
-        return [int(spec)]
+        else:
+            low = high = int(spec)
+        if not 0 <= low <= high <= 65535:  # bind() raises OverflowError, not OSError, past 65535
+            raise ValueError
+        return list(range(low, high + 1))
     except ValueError:
         raise ConfigError(
             f"TFOS_SERVER_PORT must be a port or a range like 5000-5010. Received: {spec!r}"
@@ -141,16 +143,15 @@ class RendezvousServer:
         """Record a registration, wait for the whole cluster, then send it the spec."""
         with self._cond:
             node = self.nodes.get(msg.executor_id)
-            reason = self._refusal(msg, node)
-            if reason or node is None:
-                m.send_message(conn, m.Reject(reason or "unknown executor id"))
-                return None
-            node.address, node.executor_key, node.conn = f"{msg.host}:{msg.port}", msg.executor_key, conn
-            if all(n.address for n in self.nodes.values()):
-                self.cluster_spec = build_cluster_spec(
-                    [n.role for n in self.nodes.values()],
-                    {i: n.address for i, n in self.nodes.items()})
-                self._cond.notify_all()
+            reason = self._refusal(msg, node) or ("" if node is not None else "unknown executor id")
+            if not reason and node is not None:
+                node.address = f"{msg.host}:{msg.port}"
+                node.executor_key, node.conn = msg.executor_key, conn
+                self._maybe_form_cluster()
+        if reason or node is None:
+            m.send_message(conn, m.Reject(reason))  # outside the lock: a slow peer stalls no one
+            return None
+        with self._cond:
             while self.cluster_spec is None and not self._closed:
                 self._cond.wait()
             if self._closed:
@@ -159,6 +160,13 @@ class RendezvousServer:
         assert spec is not None
         m.send_message(conn, m.ClusterReady(node.role.job_name, node.role.task_index, spec))
         return node
+
+    def _maybe_form_cluster(self) -> None:
+        """Once every node has registered, build the cluster spec and wake the waiters."""
+        if all(n.address for n in self.nodes.values()):
+            self.cluster_spec = build_cluster_spec(
+                [n.role for n in self.nodes.values()], {i: n.address for i, n in self.nodes.items()})
+            self._cond.notify_all()
 
     def _refusal(self, msg: m.Register, node: NodeState | None) -> str:
         if msg.cluster_id != self.cluster_id:
@@ -220,20 +228,16 @@ class RendezvousServer:
         """Ask a node's supervisor to stop its TF process; no-op if it has already gone."""
         if node.conn is None or node.finished:
             return
-        try:
+        with contextlib.suppress(OSError):
             m.send_message(node.conn, m.Stop(grace_secs))
-        except OSError:
-            pass
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for closer in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
-            try:
+            with contextlib.suppress(OSError):
                 closer()
-            except OSError:
-                pass
         for node in self.nodes.values():
             if node.conn is not None:
                 node.conn.close()

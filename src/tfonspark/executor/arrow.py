@@ -17,13 +17,17 @@ def _first_null(arr: Any) -> int:
     return int(np.flatnonzero(np.asarray(arr.is_null()))[0])
 
 
-def _dense(arr: Any, name: str, partition: int, first_row: int) -> Any:
-    """A numeric Arrow column (or nested lists of numbers) as one dense numpy array."""
+def _dense(arr: Any, name: str, partition: int, first_row: int, per_row: int = 1) -> Any:
+    """A numeric Arrow column (or nested lists of numbers) as one dense numpy array.
+
+    ``per_row``: how many elements of ``arr`` make one row (for the flattened values of nested
+    lists), so errors name the row, not the position in the flattened values.
+    """
     import pyarrow as pa
 
     if arr.null_count:
         raise InputError("null value where a tensor is expected", column=name, partition=partition,
-                         row=first_row + _first_null(arr))
+                         row=first_row + _first_null(arr) // per_row)
     t = arr.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return arr.to_numpy(zero_copy_only=False)
@@ -32,8 +36,9 @@ def _dense(arr: Any, name: str, partition: int, first_row: int) -> Any:
         if len(lengths) and (lengths != lengths[0]).any():
             bad = int(np.flatnonzero(lengths != lengths[0])[0])
             raise InputError(f"ragged array: {lengths[bad]} elements where the first row has "
-                             f"{lengths[0]}", column=name, partition=partition, row=first_row + bad)
-        inner = _dense(arr.flatten(), name, partition, first_row)
+                             f"{lengths[0]}", column=name, partition=partition, row=first_row + bad // per_row)
+        inner = _dense(arr.flatten(), name, partition, first_row,
+                       per_row * (int(lengths[0]) if len(lengths) else 1))
         return inner.reshape((len(arr), int(lengths[0]) if len(lengths) else 0, *inner.shape[1:]))
     if pa.types.is_struct(t) and {f.name for f in t} >= {"type", "values"}:
         raise InputError("a Spark ML vector column cannot be fed directly; convert it with "

@@ -103,28 +103,30 @@ class Feeder:
             yield batch
 
     # ---- training ----------------------------------------------------------------------------
-    def _send_partition(self, partition: int, batches: Iterator[ColumnBatch], train: bool,
-                        names: list[str] | None = None) -> tuple[_Link | None, int]:
-        """Open a link lazily (empty partitions need none) and stream ``batches`` over it."""
-        link: _Link | None = None
+    def _send_partition(self, link: _Link, batches: Iterator[ColumnBatch], train: bool,
+                        names: list[str] | None = None) -> int:
+        """Stream ``batches`` over ``link``; stop early if the node asks to."""
+        m.send_message(link.conn, m.FeedStart(self.qname, train, link.partition, names or []))
         count = 0
         for batch in batches:
-            if link is None:
-                link = _Link(self, partition)
-                m.send_message(link.conn, m.FeedStart(self.qname, train, partition, names or []))
             if link.stop_requested():
-                return link, count
+                return count
             link.conn.send(*encode_batch(batch))
             count += batch.count
-        if link is not None and not link.terminated:
+        if not link.terminated:
             m.send_message(link.conn, m.FeedEnd(count))
-        return link, count
+        return count
 
     def _train(self, partition: int, batches: Iterator[ColumnBatch]) -> int:
-        link: _Link | None = None
+        first = next(batches, None)
+        if first is None:  # empty partitions need no connection
+            return 0
+        # the link is opened here, not inside _send_partition, so that a failure while sending
+        # still becomes link.fail(...) (FeedTimeout naming the node) and the link is closed
+        link = _Link(self, partition)
         try:
-            link, count = self._send_partition(partition, batches, True)
-            if link is None or link.terminated:
+            count = self._send_partition(link, itertools.chain([first], batches), True)
+            if link.terminated:
                 return count
             reply = m.recv_message(link.conn, m.Ack, m.Terminate)
             if isinstance(reply, m.Ack) and reply.count != count:
@@ -132,10 +134,9 @@ class Feeder:
                                 f"of partition {partition}")
             return count
         except (OSError, ProtocolError) as exc:
-            raise (link.fail(exc) if link else FeedError(str(exc))) from None
+            raise link.fail(exc) from None
         finally:
-            if link is not None:
-                link.conn.close()
+            link.conn.close()
 
     def train_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[int]:
         yield self._train(partition, self._row_batches(partition, rows))
@@ -144,7 +145,7 @@ class Feeder:
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
+        partition = _partition_id(TaskContext.get())
         count = self._train(partition, _arrow_batches(partition, batches))
         yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
 
@@ -215,7 +216,7 @@ class Feeder:
 
             from .arrow import columns_to_arrow
 
-            partition = TaskContext.get().partitionId()
+            partition = _partition_id(TaskContext.get())
             for result in self._infer(partition, _arrow_batches(partition, batches)):
                 yield columns_to_arrow(result, schema_json)
 
@@ -228,3 +229,9 @@ def _arrow_batches(partition: int, batches: Iterator[Any]) -> Iterator[ColumnBat
         if rb.num_rows:
             yield arrow_to_columns(rb, partition, first_row)
             first_row += rb.num_rows
+
+
+def _partition_id(task: Any) -> int:
+    if task is None:
+        raise FeedError("feed functions must run inside a Spark task")
+    return int(task.partitionId())

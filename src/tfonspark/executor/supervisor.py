@@ -12,6 +12,7 @@ lines (``TFOS-STATUS {json}``) go to stdout for the Spark task that spawned it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -75,6 +76,7 @@ class Supervisor:
         status_r, status_w = os.pipe()
         self.proc = self._spawn(reply, host, port_sock, status_w)
         os.close(status_w)
+        port_sock.close()  # the TF process holds the reservation now; it alone releases it
         threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
         tee = threading.Thread(target=self._tee, args=(self.proc.stdout,), daemon=True)
         tee.start()
@@ -83,10 +85,8 @@ class Supervisor:
         _kill_group(self.proc.pid)  # children it left behind (TensorBoard, helpers)
         tee.join(timeout=5)
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], self.stopping)
-        try:
+        with contextlib.suppress(OSError):
             m.send_message(conn, exit_msg)
-        except OSError:
-            pass
         _status("exit", exit_code=code, stopped=self.stopping, traceback=error)
         return 0
 
@@ -167,10 +167,8 @@ class Supervisor:
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def main() -> int:

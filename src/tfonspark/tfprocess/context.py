@@ -20,7 +20,9 @@ def hdfs_path(ctx: Any, path: str) -> str:
     """
     if _SCHEME.match(path):
         return path
-    default_fs = ctx.defaultFS.rstrip("/")
+    default_fs = ctx.defaultFS
+    while default_fs.endswith("/") and not default_fs.endswith("://"):
+        default_fs = default_fs[:-1]  # "file:///" -> "file://", "hdfs://nn:8020/" -> "hdfs://nn:8020"
     if path.startswith("/"):
         return default_fs + path
     if default_fs.startswith(("hdfs://", "viewfs://")):

@@ -149,6 +149,7 @@ class DataFeed:
         """Stop the feed early: queued data is dropped and feed tasks stop sending."""
         self.server.terminate()
         self.done_feeding = True
+        self._pending = None  # the rest of a partly read batch is dropped too
 
     # ---- tf.data -------------------------------------------------------------------------------
     def as_dataset(self, batch_size: int, output_signature: Any = None) -> Any:
@@ -164,7 +165,7 @@ class DataFeed:
                 raise InputError("the feed ended before any data arrived, so the dataset's element "
                                  "spec is unknown; pass output_signature=...")
             assert self._pending is not None
-            output_signature = _signature(self._structure(self._pending[1]))
+            output_signature = _signature(self._structure(_arrays(self._pending[1])))
 
         flat_specs = tf.nest.flatten(output_signature)
 
@@ -173,7 +174,7 @@ class DataFeed:
                 batch = self.next_columns(batch_size)
                 if batch is None:
                     return
-                values = tf.nest.flatten(self._structure(batch))
+                values = tf.nest.flatten(self._structure(_arrays(batch)))
                 yield tf.nest.pack_sequence_as(
                     output_signature, [_cast(v, s) for v, s in zip(values, flat_specs)])
 
@@ -200,13 +201,19 @@ def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[st
                      f"Received: {type(mapping).__name__}")
 
 
+def _arrays(batch: ColumnBatch) -> ColumnBatch:
+    """List columns (strings) as object arrays, so that ``tf.nest`` sees each column as one leaf."""
+    columns = [c if isinstance(c, np.ndarray) else np.asarray(c, dtype=object) for c in batch.columns]
+    return ColumnBatch(columns, batch.layout, batch.names)
+
+
 def _signature(structure: Any) -> Any:
     import tensorflow as tf
 
     def spec(col: Any) -> Any:
-        if isinstance(col, np.ndarray):
+        if isinstance(col, np.ndarray) and col.dtype != object:
             return tf.TensorSpec((None, *col.shape[1:]), tf.as_dtype(col.dtype))
-        if col and isinstance(col[0], (str, bytes)):
+        if len(col) and isinstance(col[0], (str, bytes)):
             return tf.TensorSpec((None,), tf.string)
         raise InputError(f"column of {type(col[0]).__name__} values cannot become a tensor")
 

@@ -46,11 +46,12 @@ def _start_tensorboard(config: NodeConfig, ctx: NodeContext, host: str) -> str:
         return ""
     from .tensorboard import start_tensorboard
 
-    return start_tensorboard(config.log_dir or ctx.absolute_path("tensorboard"), host)
+    return start_tensorboard(config.log_dir or ctx.absolute_path("tensorboard"), host,
+                             config.tensorboard_port)
 
 
 def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
-    import cloudpickle
+    from pyspark import cloudpickle
 
     config = NodeConfig.from_json(header["config"])
     tmp_socket = socket.socket(fileno=header["port_fd"])

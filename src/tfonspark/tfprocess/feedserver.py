@@ -9,6 +9,7 @@ inference the connection stays open and results flow back on it, in order.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import socket
 import threading
@@ -49,7 +50,15 @@ class Stream:
 
     def answer(self, results: ColumnBatch) -> None:
         """Send results back to the feeder of this partition."""
-        self.conn.send(*encode_batch(results))
+        try:
+            self.conn.send(*encode_batch(results))
+        except OSError as exc:
+            # the feed task is gone (it failed, was cancelled, or its executor died) and Spark
+            # reports or retries it; map_fun must keep serving the other partitions
+            log.warning("feed server: results for partition %s dropped, its feeder is gone (%s)",
+                        self.partition, exc)
+            self.closed.set()
+            return
         with self._lock:
             self.answered += results.count
         self.maybe_finish()
@@ -65,6 +74,8 @@ class Stream:
             m.send_message(self.conn, m.ResultsEnd(self.answered))
         except OSError:
             pass
+        finally:
+            self.conn.close()  # the partition is complete; nothing more travels on it
 
 
 class ByteQueue:
@@ -167,7 +178,10 @@ class FeedServer:
         stream = Stream(conn, start)
         queue = self.queue(start.qname)
         with self._lock:
+            # inference streams stay here until answered, so terminate() reaches their feeders
+            self._streams = {s for s in self._streams if not s.closed.is_set()}
             self._streams.add(stream)
+        keep_open = False
         try:
             while True:
                 payload = conn.recv()
@@ -187,10 +201,12 @@ class FeedServer:
                 if start.train:
                     m.send_message(conn, m.Ack(end.count))
                     return False
+                keep_open = True
                 return True
         finally:
-            with self._lock:
-                self._streams.discard(stream)
+            if not keep_open:
+                with self._lock:
+                    self._streams.discard(stream)
 
     def _drain(self, stream: Stream, payload: memoryview | None) -> bool:
         """After terminate(): tell the feeder to stop, discard what it already sent."""
@@ -210,21 +226,19 @@ class FeedServer:
         self.terminated = True
         with self._lock:
             queues = list(self._queues.values())
-            streams = list(self._streams)
+            streams = [s for s in self._streams if not s.closed.is_set()]
         for q in queues:
             q.abort()
         for stream in streams:
-            try:
+            with contextlib.suppress(OSError):
                 m.send_message(stream.conn, m.Terminate())
-            except OSError:
-                pass
 
     def close(self) -> None:
         self.terminate()
-        try:
+        with contextlib.suppress(OSError):  # wakes the thread in accept(); close() alone does not
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._sock.close()
-        except OSError:
-            pass
 
 
 def require_server(mgr: Any) -> FeedServer:

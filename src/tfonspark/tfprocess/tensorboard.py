@@ -20,9 +20,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_tensorboard(log_dir: str, host: str, timeout: float = 60.0) -> str:
-    """Start TensorBoard over ``log_dir`` (port from ``TENSORBOARD_PORT`` or free); return its URL."""
-    port = int(os.environ.get("TENSORBOARD_PORT") or _free_port())
+def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0) -> str:
+    """Start TensorBoard over ``log_dir``; return its URL.
+
+    The port is the executor's ``TENSORBOARD_PORT``, else ``port`` (the driver's
+    ``TENSORBOARD_PORT``), else a free one.
+    """
+    port = int(os.environ.get("TENSORBOARD_PORT") or port or _free_port())
     if "://" not in log_dir:
         os.makedirs(log_dir, exist_ok=True)
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--port", str(port),

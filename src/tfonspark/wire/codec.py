@@ -77,7 +77,7 @@ def encode_batch(batch: ColumnBatch) -> list[Any]:
             if arr.dtype.byteorder == ">":
                 arr = arr.astype(arr.dtype.newbyteorder("<"))
             cols_meta.append({"dtype": arr.dtype.str, "shape": list(arr.shape)})
-            buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+            buffers.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
         else:
             blob = pickle.dumps(list(col), protocol=pickle.HIGHEST_PROTOCOL)
             cols_meta.append({"pickle": len(blob)})
@@ -90,9 +90,9 @@ def decode_batch(payload: memoryview) -> ColumnBatch:
     """Rebuild a batch from an authenticated frame; numeric columns are views of ``payload``."""
     if bytes(payload[:1]) != BATCH_KIND:
         raise ProtocolError(f"expected a batch frame, got payload kind {bytes(payload[:1])!r}")
-    (hlen,) = _LEN.unpack_from(payload, 1)
-    offset = 1 + _LEN.size + hlen
     try:
+        (hlen,) = _LEN.unpack_from(payload, 1)
+        offset = 1 + _LEN.size + hlen
         header = json.loads(bytes(payload[1 + _LEN.size : offset]))
         columns: list[Any] = []
         for meta in header["cols"]:
@@ -102,11 +102,13 @@ def decode_batch(payload: memoryview) -> ColumnBatch:
             else:
                 dtype = np.dtype(meta["dtype"])
                 shape = tuple(int(s) for s in meta["shape"])
+                if any(s < 0 for s in shape):  # a negative size would move ``offset`` backwards
+                    raise ValueError(f"negative dimension in shape {shape}")
                 size = int(np.prod(shape)) * dtype.itemsize
                 columns.append(np.frombuffer(payload[offset : offset + size], dtype).reshape(shape))
             offset += size
         return ColumnBatch(columns, header["layout"], header["names"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, struct.error, pickle.UnpicklingError, EOFError) as exc:
         raise ProtocolError(f"malformed batch frame: {exc}") from None
 
 
@@ -122,6 +124,8 @@ def _column(values: Sequence[Any], name: str | int, partition: int | None, first
     if arr.dtype == object:
         raise _ragged(values, name, partition, first_row)
     if arr.dtype.kind in "US":
+        if np.asarray(first).dtype.kind not in "US":  # numbers then strings: mixed, not text
+            raise _ragged(values, name, partition, first_row)
         return list(values)
     return arr
 
@@ -153,6 +157,8 @@ def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int 
         names = list(first)
         try:
             cols = [[row[k] for row in rows] for k in names]
+            if any(len(row) != len(names) for row in rows):  # extra keys would be dropped silently
+                raise KeyError
         except (KeyError, TypeError):
             bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict) or set(r) != set(names))
             raise InputError(f"row has keys other than the first row's {names}", partition=partition,
@@ -166,8 +172,8 @@ def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int 
                 raise InputError(f"ragged rows: expected {width} fields like the first row, "
                                  f"received {got}", partition=partition, row=first_row + i)
         fields = getattr(first, "__fields__", None)
-        cols = list(zip(*rows))
-        names = list(fields) if fields else None
-        return ColumnBatch([_column(c, names[j] if names else j, partition, first_row)
-                            for j, c in enumerate(cols)], "tuple", names)
+        transposed: list[Any] = list(zip(*rows))
+        labels: list[str] | None = list(fields) if fields else None
+        return ColumnBatch([_column(c, labels[j] if labels else j, partition, first_row)
+                            for j, c in enumerate(transposed)], "tuple", labels)
     return ColumnBatch([_column(rows, 0, partition, first_row)], "scalar")

@@ -176,9 +176,27 @@ def decode(payload: memoryview | bytes) -> Message:
     try:
         body = json.loads(data[1:])
         cls = _REGISTRY[body.pop("type")]
-        return cls(**body)
-    except (ValueError, KeyError, TypeError) as exc:
+        message = cls(**body)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        # AttributeError: JSON that is not an object (``J1``); RecursionError: deeply nested JSON
         raise ProtocolError(f"malformed control message: {exc}") from None
+    _check_types(message)
+    return message
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "str": (str,), "bool": (bool,),
+                                       "float": (int, float), "dict": (dict,), "list": (list,)}
+
+
+def _check_types(message: Message) -> None:
+    """Reject fields whose JSON value has the wrong type (e.g. a list where an int belongs)."""
+    for f in dataclasses.fields(message):
+        expected = _TYPES.get(str(f.type).split("[", 1)[0])
+        value = getattr(message, f.name)
+        bad_bool = isinstance(value, bool) and bool not in (expected or ())
+        if expected is not None and (not isinstance(value, expected) or bad_bool):
+            raise ProtocolError(f"malformed control message {message.TYPE}: field {f.name} must be "
+                                f"{f.type}. Received: {type(value).__name__}")
 
 
 def send_message(conn: Connection, message: Message) -> None:

@@ -1,0 +1,199 @@
+"""InputMode.SPARK on real Spark: every row delivered, results 1:1 and in order, clear failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import tfonspark
+from tfonspark import InputMode
+from tfonspark.errors import FeedTimeout, InputError, NodeFailed
+
+from .conftest import by_value
+
+by_value(__name__)
+
+
+def _count_rows(args, ctx):
+    """Consume the feed; record how many rows and the sum of the labels this node saw."""
+    import numpy as np
+
+    feed = ctx.get_data_feed(train_mode=True)
+    rows, label_sum, shapes = 0, 0, set()
+    while not feed.should_stop():
+        batch = feed.next_columns(97)
+        if batch is None:
+            break
+        rows += batch.count
+        label_sum += int(np.asarray(batch.columns[-1]).sum())
+        shapes.add(tuple(np.asarray(batch.columns[0]).shape[1:]))
+    with open(os.path.join(args, f"rows{ctx.task_index}.json"), "w") as f:
+        json.dump({"rows": rows, "label_sum": label_sum, "shapes": sorted(shapes)}, f)
+
+
+def _totals(path):
+    parts = [json.loads(p.read_text()) for p in path.glob("rows*.json")]
+    return sum(p["rows"] for p in parts), sum(p["label_sum"] for p in parts), parts
+
+
+def test_rdd_feed_delivers_every_row_each_epoch(sc, tmp_path, no_leftovers):
+    rdd = sc.parallelize([(np.full(784, i % 7, np.float32), i) for i in range(3000)], 6).cache()
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    assert cluster.train(rdd, num_epochs=3) == 9000
+    cluster.shutdown(timeout=120)
+    rows, label_sum, parts = _totals(tmp_path)
+    assert rows == 9000 and label_sum == 3 * sum(range(3000))
+    assert all(p["shapes"] == [[784]] for p in parts)
+    assert all(p["rows"] > 0 for p in parts), "each node should get partitions"
+
+
+def test_dataframe_feed_via_arrow(spark, tmp_path, no_leftovers):
+    from pyspark.sql import functions as F
+
+    df = (spark.range(0, 5000, numPartitions=5)
+          .select(F.array(*[F.col("id").cast("float") for _ in range(32)]).alias("features"),
+                  F.col("id").alias("label")))
+    cluster = tfonspark.run(spark.sparkContext, _count_rows, str(tmp_path), 2,
+                            input_mode=InputMode.SPARK, reservation_timeout=120)
+    assert cluster.train(df, num_epochs=2) == 10000
+    cluster.shutdown(timeout=120)
+    rows, label_sum, parts = _totals(tmp_path)
+    assert rows == 10000 and label_sum == 2 * sum(range(5000))
+    assert all(p["shapes"] == [[32]] for p in parts if p["rows"])
+
+
+def _double(args, ctx):
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(50)
+        if batch:
+            feed.batch_results([2 * label for _, label in batch])
+
+
+def test_inference_returns_one_result_per_row_in_order(spark, no_leftovers):
+    sc = spark.sparkContext
+    rdd = sc.parallelize([(np.zeros(4, np.float32), i) for i in range(2003)], 7)
+    cluster = tfonspark.run(sc, _double, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    try:
+        assert cluster.inference(rdd).collect() == [2 * i for i in range(2003)]
+        df = spark.createDataFrame([(float(i), i) for i in range(500)], "x double, label long").repartition(3)
+        out = cluster.inference(df)
+        assert out.schema.simpleString() == "struct<prediction:bigint>"
+        assert sorted(r.prediction for r in out.collect()) == [2 * i for i in range(500)]
+    finally:
+        cluster.shutdown(timeout=120)
+
+
+def test_ragged_rows_name_partition_and_row(sc, tmp_path, no_leftovers):
+    rows = [(np.zeros(3, np.float32), 0)] * 10 + [(np.zeros(4, np.float32), 1)] + [(np.zeros(3, np.float32), 0)]
+    rdd = sc.parallelize(rows, 1)
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    try:
+        with pytest.raises(InputError) as info:
+            cluster.train(rdd)
+        message = str(info.value)
+        assert "partition=0" in message and "row=10" in message and "column=0" in message
+    finally:
+        cluster.shutdown(timeout=120)
+
+
+def _die_mid_feed(args, ctx):
+    import time
+
+    feed = ctx.get_data_feed()
+    feed.next_batch(10)
+    with open(os.path.join(args, f"died{ctx.task_index}"), "w") as f:
+        f.write(repr(time.time()))
+    raise RuntimeError(f"node {ctx.task_index} crashed mid-feed")
+
+
+def test_node_dying_mid_feed_fails_train_quickly(sc, tmp_path, no_leftovers):
+    os.environ["TFOS_FEED_BUFFER_BYTES"] = str(1 << 20)
+    rdd = sc.parallelize(range(40), 4).flatMap(lambda i: [(np.zeros(1024, np.float32), i)] * 2000)
+    cluster = tfonspark.run(sc, _die_mid_feed, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    with pytest.raises(NodeFailed) as info:
+        cluster.train(rdd, feed_timeout=300)
+    raised = time.time()
+    died = min(float(p.read_text()) for p in tmp_path.glob("died*"))
+    assert raised - died < 10, f"took {raised - died:.1f}s"
+    assert "crashed mid-feed" in info.value.traceback and info.value.role == "worker"
+    cluster.shutdown()  # already torn down: a no-op
+
+
+def _never_read(args, ctx):
+    import time
+
+    time.sleep(120)
+
+
+def test_feed_timeout_names_the_node(sc, no_leftovers):
+    os.environ["TFOS_FEED_BUFFER_BYTES"] = str(1 << 20)
+    rdd = sc.parallelize(range(2), 2).flatMap(lambda i: [np.zeros(4096, np.float32)] * 2000)
+    cluster = tfonspark.run(sc, _never_read, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    try:
+        start = time.monotonic()
+        with pytest.raises(FeedTimeout) as info:
+            cluster.train(rdd, feed_timeout=3)
+        assert time.monotonic() - start < 60
+        assert "worker:" in str(info.value) and "feed_timeout=3" in str(info.value)
+    finally:
+        cluster._teardown(grace_secs=0)
+
+
+def _terminate_early(args, ctx):
+    feed = ctx.get_data_feed()
+    seen = 0
+    while seen < 500 and not feed.should_stop():
+        seen += len(feed.next_batch(100))
+    feed.terminate()
+    with open(os.path.join(args, f"seen{ctx.task_index}"), "w") as f:
+        f.write(str(seen))
+
+
+def test_terminate_stops_the_feed(sc, tmp_path, no_leftovers):
+    os.environ["TFOS_FEED_BUFFER_BYTES"] = str(1 << 20)
+    rdd = sc.parallelize(range(20), 20).flatMap(lambda i: [(np.zeros(256, np.float32), i)] * 5000)
+    cluster = tfonspark.run(sc, _terminate_early, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    start = time.monotonic()
+    delivered = cluster.train(rdd)
+    assert time.monotonic() - start < 60
+    cluster.shutdown(timeout=120)
+    assert delivered < 100000
+    assert all(int(p.read_text()) >= 500 for p in tmp_path.glob("seen*"))
+
+
+def _measure_rss(args, ctx):
+    import resource
+
+    feed = ctx.get_data_feed()
+    total = 0
+    while True:
+        batch = feed.next_columns(64)
+        if batch is None:
+            break
+        total += batch.columns[0].nbytes
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open(os.path.join(args, f"rss{ctx.task_index}.json"), "w") as f:
+        json.dump({"bytes": total, "peak_mb": peak_mb}, f)
+
+
+@pytest.mark.slow
+def test_two_gigabyte_feed_keeps_node_memory_bounded(sc, tmp_path, no_leftovers):
+    """2 GiB of 1 MiB rows through two nodes: each TF process's peak RSS stays under 400 MB."""
+    rdd = sc.parallelize(range(8), 8).flatMap(lambda i: (np.zeros(262144, np.float32) for _ in range(256)))
+    cluster = tfonspark.run(sc, _measure_rss, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    assert cluster.train(rdd) == 2048
+    cluster.shutdown(timeout=300)
+    stats = [json.loads(p.read_text()) for p in tmp_path.glob("rss*.json")]
+    assert sum(s["bytes"] for s in stats) == 2048 * 262144 * 4
+    for s in stats:
+        assert s["peak_mb"] < 400, f"TF process peak RSS {s['peak_mb']:.0f} MB"

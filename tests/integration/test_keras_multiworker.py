@@ -1,0 +1,138 @@
+"""tfonspark.keras.fit on two real TF worker processes (MWMS over 127.0.0.1, no Spark).
+
+Phase 1 trains 4 epochs with checkpoints and exports; phase 2 starts two fresh processes on the
+same model_dir with ``epochs=5`` and uneven per-worker input, and must run only the 5th epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).with_name("keras_worker.py")
+TIMEOUT_S = 60
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _run_cluster(phase: str, tmp: Path, **extra_env: str) -> list[dict]:
+    """Start two workers with TF_CONFIG, wait for both, return their JSON results by task id."""
+    addresses = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    scratch = tmp / "scratch"
+    scratch.mkdir(exist_ok=True)
+    procs = []
+    for index in range(2):
+        env = dict(os.environ)
+        env.update(
+            TF_CONFIG=json.dumps(
+                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+            ),
+            TF_CPP_MIN_LOG_LEVEL="2",
+            TF_NUM_INTRAOP_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            TMPDIR=str(scratch),
+            **extra_env,
+        )
+        log = open(tmp / f"{phase}-{index}.log", "w")  # noqa: SIM115 - closed below
+        args = [str(tmp / "model"), str(tmp / "export"), str(tmp / f"{phase}-{index}.json")]
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), phase, *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
+        )
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    for index, (proc, _) in enumerate(procs):
+        if proc.returncode != 0:
+            tail = (tmp / f"{phase}-{index}.log").read_text()[-3000:]
+            pytest.fail(f"{phase} worker {index} exited with {proc.returncode}:\n{tail}")
+    return [json.loads((tmp / f"{phase}-{i}.json").read_text()) for i in range(2)]
+
+
+def test_two_workers_train_identically_resume_and_export(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    first = _run_cluster("train", tmp_path)
+
+    # identical start (MWMS broadcasts worker 0's initial values) and identical end
+    assert first[0]["start_weights"] == first[1]["start_weights"]
+    for a, b in zip(first[0]["weights"], first[1]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    kernel, bias = (np.array(w) for w in first[0]["weights"])
+    np.testing.assert_allclose(kernel.ravel(), [3.0, 2.0], atol=0.05)
+    np.testing.assert_allclose(bias, [1.0], atol=0.05)
+
+    # epoch logs are global, hence the same on both nodes
+    assert first[0]["history"] == first[1]["history"]
+    assert set(first[0]["history"]) == {"loss", "mae", "val_loss", "val_mae"}
+    assert first[0]["epochs_run"] == [0, 1, 2, 3]
+    losses = first[0]["history"]["loss"]
+    assert losses[-1] < losses[0] / 100
+    assert [(p["step"], p["global_rows"]) for p in first[0]["progress"]] == [(8, 512)] * 4
+
+    # only the chief exported; the other node's scratch export and checkpoints are gone
+    assert first[0]["is_chief"] and not first[1]["is_chief"]
+    assert first[0]["exported"] == str(tmp_path / "export") and first[1]["exported"] is None
+    assert not [p.name for p in (tmp_path / "scratch").iterdir() if "tfonspark" in p.name]
+    checkpoints = sorted(os.listdir(tmp_path / "model" / "checkpoints"))
+    assert "ckpt-4.index" in checkpoints and "ckpt-1.index" not in checkpoints  # max_to_keep=3
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    x = np.array([[1.0, 2.0], [-1.0, 0.5]], dtype="float32")
+    np.testing.assert_allclose(served.serve(tf.constant(x)).numpy(), x @ kernel + bias, atol=1e-5)
+
+    second = _run_cluster("resume", tmp_path)
+    for node in second:
+        assert node["epochs_run"] == [4]
+        assert len(node["history"]["loss"]) == 1
+        assert node["start_weights"] == first[0]["weights"]  # restored, not re-initialised
+        # uneven input: 8 and 7 batches; both nodes run 8 steps, 256 + 224 rows
+        assert node["progress"] == [{"epoch": 4, "step": 8, "global_rows": 480}]
+    for a, b in zip(second[0]["weights"], second[1]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert second[0]["history"]["loss"][0] < losses[-1]
+
+
+@pytest.mark.slow
+def test_two_workers_train_a_tf_keras_model_with_its_own_fit(tmp_path):
+    pytest.importorskip("tf_keras")
+    nodes = _run_cluster("legacy", tmp_path, TF_USE_LEGACY_KERAS="1")
+    assert all(node["uses_tf_keras"] for node in nodes)
+    assert nodes[0]["history"] == nodes[1]["history"]
+    assert len(nodes[0]["history"]["loss"]) == 3
+    for a, b in zip(nodes[0]["weights"], nodes[1]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    kernel, bias = (np.array(w) for w in nodes[0]["weights"])
+    np.testing.assert_allclose(kernel.ravel(), [3.0, 2.0], atol=0.2)
+    np.testing.assert_allclose(bias, [1.0], atol=0.2)

@@ -1,0 +1,518 @@
+"""FeedServer + DataFeed + Feeder in one process, without Spark: the whole data path over 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfonspark.errors import FeedError, FeedTimeout, InputError
+from tfonspark.executor import feeder as feeder_module
+from tfonspark.executor.feeder import Feeder, FeedTarget, choose_target
+from tfonspark.executor.host import executor_key
+from tfonspark.tfprocess.context import NodeContext
+from tfonspark.tfprocess.datafeed import DataFeed
+from tfonspark.tfprocess.feedserver import FeedServer
+from tfonspark.wire import messages as m
+from tfonspark.wire.framing import connect
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = os.urandom(32)
+MB = 1024 * 1024
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+class Bg:
+    """Run ``fn(*args)`` on a daemon thread; ``get`` joins with a bound and re-raises."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self.result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by get()
+            self.error = exc
+
+    def get(self, timeout: float = 30) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "background task did not finish in time"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@pytest.fixture
+def make_server():
+    servers: list[FeedServer] = []
+
+    def make(buffer_bytes: int = 64 * MB) -> FeedServer:
+        server = FeedServer(SECRET, buffer_bytes=buffer_bytes)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def feeder_for(server: FeedServer, feed_timeout: float = 20.0, qname: str = "input",
+               secret: bytes = SECRET) -> Feeder:
+    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port)
+    return Feeder([target], secret.hex(), qname, feed_timeout)
+
+
+def close_feed(server: FeedServer, qname: str = "input") -> None:
+    """What the driver does at the end of the feed (driver/feeding.py ``close_feeds``)."""
+    with connect(("127.0.0.1", server.port), SECRET, timeout=10) as conn:
+        m.send_message(conn, m.FeedClose(qname))
+        conn.settimeout(10)
+        m.recv_message(conn, m.Ack)
+
+
+def train(feeder: Feeder, partition: int, rows) -> int:
+    (count,) = list(feeder.train_rdd(partition, iter(rows)))
+    return count
+
+
+def infer(feeder: Feeder, partition: int, rows) -> list:
+    return list(feeder.infer_rdd(partition, iter(rows)))
+
+
+def feed_all_then_close(server: FeedServer, feeder: Feeder, partitions: dict[int, list]) -> dict[int, int]:
+    """Feed every partition concurrently (like Spark tasks), then send the end of the feed."""
+    try:
+        tasks = {p: Bg(train, feeder, p, rows) for p, rows in partitions.items()}
+        return {p: t.get(60) for p, t in tasks.items()}
+    finally:
+        close_feed(server)
+
+
+def drain(feed: DataFeed, batch_size: int) -> list:
+    rows: list = []
+    for _ in range(1_000_000):
+        batch = feed.next_batch(batch_size)
+        if not batch:
+            assert feed.should_stop()
+            return rows
+        assert len(batch) <= batch_size
+        rows.extend(batch)
+    raise AssertionError("the feed never ended")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def big_rows(total_bytes: int, width: int) -> list[np.ndarray]:
+    """float32 rows of ``width`` values adding up to ``total_bytes``; row i is filled with i."""
+    n = total_bytes // (4 * width)
+    return [np.full(width, i, dtype=np.float32) for i in range(n)]
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+
+def test_every_row_arrives_exactly_once_across_partitions(make_server):
+    server = make_server()
+    sizes = {0: 1000, 1: 0, 2: 1, 3: 3000, 4: 257}
+    partitions = {p: [(p * 100_000 + i, np.full(8, i, np.float32) + p) for i in range(n)]
+                  for p, n in sizes.items()}
+    feeding = Bg(feed_all_then_close, server, feeder_for(server), partitions)
+    feed = DataFeed(server, train_mode=True)
+    assert not feed.should_stop()
+    rows = drain(feed, 128)
+    assert feeding.get() == sizes  # each feed task reports its own count
+
+    ids = [int(r[0]) for r in rows]
+    expected = [row[0] for part in partitions.values() for row in part]
+    assert len(ids) == len(expected) == sum(sizes.values())
+    assert sorted(ids) == sorted(expected)  # exactly once
+    got_sum = sum(float(r[1].sum()) for r in rows)
+    assert got_sum == pytest.approx(sum(float(r[1].sum()) for part in partitions.values() for r in part))
+    for p in sizes:  # each partition keeps its order
+        mine = [i for i in ids if i // 100_000 == p]
+        assert mine == sorted(mine)
+    assert server.queue("input").nbytes == 0
+
+
+def test_next_batch_returns_lists_of_rows_and_a_short_last_batch(make_server):
+    server = make_server()
+    feeding = Bg(feed_all_then_close, server, feeder_for(server), {0: list(range(250))})
+    feeding.get()
+    feed = DataFeed(server)
+    assert feed.next_batch(100) == list(range(100))
+    assert feed.next_batch(100) == list(range(100, 200))
+    assert not feed.should_stop()
+    assert feed.next_batch(100) == list(range(200, 250))  # fewer rows at the end
+    assert feed.next_batch(100) == []
+    assert feed.should_stop()
+    assert feed.next_batch(100) == []  # and it stays ended
+
+
+def test_next_batch_rejects_a_bad_batch_size(make_server):
+    feed = DataFeed(make_server())
+    with pytest.raises(InputError, match="batch_size"):
+        feed.next_batch(0)
+
+
+def test_next_batch_with_input_mapping_returns_dict_of_arrays(make_server):
+    server = make_server()
+    rows = [{"x": np.arange(4, dtype=np.float32) + i, "y": i % 3} for i in range(25)]
+    Bg(feed_all_then_close, server, feeder_for(server), {0: rows}).get()
+    feed = DataFeed(server, input_mapping={"x": "features", "y": "labels"})
+    batch = feed.next_batch(10)
+    assert set(batch) == {"features", "labels"}
+    assert batch["features"].shape == (10, 4) and batch["features"].dtype == np.float32
+    assert batch["labels"].tolist() == [i % 3 for i in range(10)]
+    assert feed.next_batch(10)["labels"].shape == (10,)
+    assert feed.next_batch(10)["features"].shape == (5, 4)
+    assert feed.next_batch(10) == {"features": [], "labels": []}
+    assert feed.should_stop()
+
+
+def test_input_mapping_for_unnamed_tuples_goes_by_sorted_column_name(make_server):
+    """TFoS: with tuple rows, the i-th column (by sorted input_mapping key) feeds the i-th field."""
+    server = make_server()
+    Bg(feed_all_then_close, server, feeder_for(server), {0: [(i, -i) for i in range(5)]}).get()
+    feed = DataFeed(server, input_mapping={"b_col": "second", "a_col": "first"})
+    batch = feed.next_batch(5)
+    assert batch["first"].tolist() == [0, 1, 2, 3, 4] and batch["second"].tolist() == [0, -1, -2, -3, -4]
+
+
+def test_input_mapping_naming_a_missing_column(make_server):
+    server = make_server()
+    Bg(feed_all_then_close, server, feeder_for(server), {0: [{"x": 1}, {"x": 2}]}).get()
+    feed = DataFeed(server, input_mapping=["x", "nope"])
+    with pytest.raises(InputError, match="nope"):
+        feed.next_batch(2)
+
+
+def test_node_context_gives_a_data_feed_on_the_server(make_server):
+    server = make_server()
+    ctx = NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={"worker": ["a"]},
+                      default_fs="file://", working_dir="/tmp", mgr=server)
+    feed = ctx.get_data_feed(train_mode=False, qname_in="other")
+    assert isinstance(feed, DataFeed) and feed.queue is server.queue("other") and not feed.train_mode
+
+
+def test_queues_are_separate(make_server):
+    server = make_server()
+    train(feeder_for(server, qname="a"), 0, [1, 2, 3])
+    train(feeder_for(server, qname="b"), 0, [10, 20])
+    close_feed(server, "a")
+    close_feed(server, "b")
+    assert drain(DataFeed(server, qname_in="b"), 10) == [10, 20]
+    assert drain(DataFeed(server, qname_in="a"), 10) == [1, 2, 3]
+
+
+# ---- inference ------------------------------------------------------------------------------------
+
+
+def answer_all(feed: DataFeed, batch_size: int, fn: Callable[[Any], Any], seen: list) -> None:
+    """A map_fun in inference mode: one result per row, until the end of the feed."""
+    for _ in range(1_000_000):
+        batch = feed.next_batch(batch_size)
+        if not batch:
+            if feed.should_stop():
+                return
+            continue
+        seen.append(batch)
+        feed.batch_results([fn(row) for row in batch])
+    raise AssertionError("the feed never ended")
+
+
+def test_inference_returns_one_result_per_row_in_order(make_server):
+    server = make_server()
+    feeder = feeder_for(server)
+    sizes = {0: 300, 1: 0, 2: 1000, 3: 512, 4: 1}
+    partitions = {p: [(p, i) for i in range(n)] for p, n in sizes.items()}
+    feed = DataFeed(server, train_mode=False)
+    batches: list = []
+    consumer = Bg(answer_all, feed, 200, lambda row: row[0] * 1_000_000 + row[1] * 10, batches)
+    tasks = {p: Bg(infer, feeder, p, rows) for p, rows in partitions.items()}  # concurrent partitions
+    results = {p: t.get(60) for p, t in tasks.items()}
+    close_feed(server)
+    consumer.get()
+    for p, rows in partitions.items():
+        assert results[p] == [p * 1_000_000 + i * 10 for _, i in rows]
+    # no batch ever mixes two partitions, so results can go back where they came from
+    for batch in batches:
+        assert len({row[0] for row in batch}) == 1, [row[0] for row in batch]
+    assert sum(len(b) for b in batches) == sum(sizes.values())
+
+
+def test_batch_results_with_the_wrong_length(make_server):
+    server = make_server()
+    feeder = feeder_for(server)
+    feed = DataFeed(server, train_mode=False)
+    task = Bg(infer, feeder, 0, list(range(30)))
+    batch = feed.next_batch(30)
+    assert batch == list(range(30))
+    with pytest.raises(InputError, match="received 29 results for a batch of 30 rows"):
+        feed.batch_results(batch[:-1])
+    with pytest.raises(InputError, match="31 results"):
+        feed.batch_results(batch + [0])
+    feed.batch_results(np.asarray(batch, dtype=np.float64) / 2)  # numpy results are fine too
+    assert task.get() == [i / 2 for i in range(30)]
+
+
+def test_ragged_rows_in_inference_raise_input_error_naming_the_row(make_server):
+    server = make_server()
+    feed = DataFeed(server, train_mode=False)
+    rows = [(i, [1.0, 2.0]) for i in range(300)]
+    rows[280] = (280, [1.0])
+    consumer = Bg(answer_all, feed, 64, lambda row: row[0], [])
+    with pytest.raises(InputError) as info:
+        infer(feeder_for(server), 6, rows)
+    assert (info.value.partition, info.value.row, info.value.column) == (6, 280, 1)
+    close_feed(server)
+    consumer.get()
+
+
+def test_ragged_rows_in_training_raise_input_error_naming_the_row(make_server):
+    server = make_server()
+    rows = [[1.0, 2.0]] * 10 + [[1.0]]
+    with pytest.raises(InputError) as info:
+        train(feeder_for(server), 2, rows)
+    assert (info.value.partition, info.value.row) == (2, 10)
+
+
+# ---- terminate ----------------------------------------------------------------------------------
+
+
+def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, monkeypatch):
+    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+    server = make_server(buffer_bytes=1 * MB)
+    rows = big_rows(40 * MB, 1024)
+    feeding = Bg(train, feeder_for(server), 0, rows)
+    feed = DataFeed(server)
+    first = feed.next_batch(16)
+    assert len(first) == 16 and float(first[0][0]) == 0.0
+    time.sleep(0.2)  # let the feeder block on the full buffer
+    assert feeding.thread.is_alive()
+    start = time.monotonic()
+    feed.terminate()
+    sent = feeding.get(20)
+    elapsed = time.monotonic() - start
+    print(f"\nfeeder stopped {elapsed:.3f}s after terminate(), having sent {sent} of {len(rows)} rows")
+    assert elapsed < 5
+    assert sent < len(rows)
+    assert feed.should_stop() and feed.next_batch(16) == []
+
+    # a feed that starts after terminate() is told to stop and nothing of it is queued
+    start = time.monotonic()
+    train(feeder_for(server), 1, list(range(5000)))
+    assert time.monotonic() - start < 5
+    queue = server.queue("input")
+    assert queue.nbytes == 0 and not queue._items and queue.aborted
+
+
+@pytest.mark.parametrize("received", ["whole partition received", "partition still arriving"])
+def test_terminate_during_inference_fails_the_partition_quickly(make_server, monkeypatch, received):
+    if received == "whole partition received":
+        server = make_server()
+        rows: list = list(range(1000))
+    else:
+        monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+        server = make_server(buffer_bytes=1 * MB)
+        rows = big_rows(40 * MB, 1024)
+    feed = DataFeed(server, train_mode=False)
+    task = Bg(infer, feeder_for(server, feed_timeout=60), 3, rows)
+    batch = feed.next_batch(100)
+    feed.batch_results([0] * len(batch))
+    if received == "whole partition received":  # the feeder now only waits for results
+        assert wait_until(lambda: any(s.ended for s in list(server._streams)))
+    else:
+        time.sleep(0.2)
+        assert not any(s.ended for s in list(server._streams))
+    start = time.monotonic()
+    feed.terminate()
+    with pytest.raises(FeedError, match="terminated the feed during inference of partition 3"):
+        task.get(20)
+    assert time.monotonic() - start < 5  # not after feed_timeout
+
+
+# ---- backpressure and timeouts -----------------------------------------------------------------------
+
+
+def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
+    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 128 * 1024)  # frames smaller than the buffer
+    buffer_bytes = 1 * MB
+    server = make_server(buffer_bytes=buffer_bytes)
+    rows = big_rows(50 * MB, 256)
+    queue = server.queue("input")
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(queue.nbytes)
+            time.sleep(0.001)
+
+    sampler = Bg(sample)
+    feeding = Bg(feed_all_then_close, server, feeder_for(server), {0: rows})
+    feed = DataFeed(server)
+    count, total = 0, 0.0
+    try:
+        for _ in range(10_000):
+            batch = feed.next_columns(1024)
+            if batch is None:
+                break
+            count += batch.count
+            total += float(batch.columns[0][:, 0].sum())
+            time.sleep(0.015)  # a slow training step
+    finally:
+        done.set()
+    sampler.get()
+    feeding.get()
+    peak = max(samples)
+    print(f"\nfed {len(rows) * 1024 // MB} MB through a {buffer_bytes // MB} MB buffer; "
+          f"peak queued {peak / MB:.2f} MB over {len(samples)} samples")
+    assert count == len(rows) and total == pytest.approx(len(rows) * (len(rows) - 1) / 2)
+    assert peak <= buffer_bytes  # bounded, while 50 MB went through
+    assert peak >= buffer_bytes // 2  # and the buffer really filled up (the producer was held back)
+
+
+def test_feed_timeout_when_the_consumer_never_reads(make_server, monkeypatch):
+    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+    server = make_server(buffer_bytes=1 * MB)
+    rows = big_rows(40 * MB, 1024)
+    start = time.monotonic()
+    with pytest.raises(FeedTimeout) as info:
+        train(feeder_for(server, feed_timeout=1.0), 5, rows)
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0 + 8
+    assert "worker:0" in str(info.value) and "feed_timeout=1s" in str(info.value)
+    assert "partition 5" in str(info.value)
+    assert isinstance(info.value, TimeoutError)
+
+
+def test_feed_timeout_when_inference_results_never_come(make_server):
+    server = make_server()
+    DataFeed(server, train_mode=False)  # a map_fun that never reads nor answers
+    start = time.monotonic()
+    with pytest.raises(FeedTimeout, match="worker:0"):
+        infer(feeder_for(server, feed_timeout=1.0), 0, list(range(10)))
+    assert 0.9 < time.monotonic() - start < 6
+
+
+# ---- connecting -------------------------------------------------------------------------------------
+
+
+def test_feeder_with_the_wrong_secret_gets_nothing_in(make_server):
+    server = make_server()
+    with pytest.raises(FeedError, match="worker:0"):
+        train(feeder_for(server, secret=os.urandom(32)), 0, [1, 2, 3])
+    assert server.queue("input").nbytes == 0 and not server.queue("input")._items
+
+
+def test_feeder_to_a_node_that_is_gone(make_server):
+    server = make_server()
+    server.close()  # stops accepting at once (the accept thread is woken, not left to one more peer)
+    for partition in range(3):
+        with pytest.raises(FeedError, match="worker:0 at 127.0.0.1:.* is not accepting data"):
+            train(feeder_for(server, feed_timeout=2), partition, [1, 2, 3])
+    with pytest.raises(FeedError, match="not accepting data"):
+        infer(feeder_for(server, feed_timeout=2), 0, [1, 2, 3])
+
+
+def test_empty_partitions_need_no_connection(make_server):
+    server = make_server()
+    server.close()  # nothing listens: an empty partition must not even try
+    feeder = feeder_for(server)
+    assert train(feeder, 0, []) == 0
+    assert infer(feeder, 0, []) == []
+
+
+def test_feeder_needs_a_target():
+    with pytest.raises(FeedError, match="no node"):
+        Feeder([], SECRET.hex(), "input", 10)
+
+
+def test_choose_target_prefers_the_local_executor():
+    targets = [FeedTarget(f"worker:{i}", key, "h", 1000 + i)
+               for i, key in enumerate(["k0", "k1", "k0", "k2"])]
+    assert {choose_target(targets, "k1", p).name for p in range(10)} == {"worker:1"}
+    assert [choose_target(targets, "k0", p).name for p in range(4)] == ["worker:0", "worker:2"] * 2
+    # no node on this executor: partitions spread over all of them
+    assert [choose_target(targets, "elsewhere", p).name for p in range(5)] == \
+        ["worker:0", "worker:1", "worker:2", "worker:3", "worker:0"]
+
+
+def test_executor_key_outside_spark(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    key = executor_key()
+    assert key == executor_key() and len(key) == 16
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/tmp/blockmgr-1")
+    other = executor_key()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/tmp/blockmgr-2")
+    assert len({key, other, executor_key()}) == 3
+
+
+# ---- tf.data ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tf():
+    return pytest.importorskip("tensorflow")
+
+
+def test_as_dataset_has_a_static_element_spec(tf, make_server):
+    server = make_server()
+    rows = [(i, np.full(4, i, np.float32)) for i in range(300)]
+    Bg(feed_all_then_close, server, feeder_for(server), {0: rows[:130], 1: rows[130:]}).get()
+    ds = DataFeed(server).as_dataset(64)
+    assert ds.element_spec == (tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None, 4), tf.float32))
+    sizes, ids = [], []
+    for ids_t, vecs in ds:
+        assert vecs.shape[1:] == (4,) and vecs.dtype == tf.float32
+        sizes.append(int(ids_t.shape[0]))
+        ids.extend(ids_t.numpy().tolist())
+        assert np.array_equal(vecs.numpy()[:, 0], ids_t.numpy().astype(np.float32))
+    assert sizes == [64, 64, 64, 64, 44]
+    assert sorted(ids) == list(range(300))
+
+
+def test_as_dataset_of_named_columns_and_strings(tf, make_server):
+    server = make_server()
+    rows = [{"text": f"row {i}", "label": float(i)} for i in range(10)]
+    Bg(feed_all_then_close, server, feeder_for(server), {0: rows}).get()
+    ds = DataFeed(server).as_dataset(4)
+    assert ds.element_spec == {"text": tf.TensorSpec((None,), tf.string),
+                               "label": tf.TensorSpec((None,), tf.float64)}
+    got = [(b["text"].numpy().tolist(), b["label"].numpy().tolist()) for b in ds]
+    assert [len(t) for t, _ in got] == [4, 4, 2]
+    assert got[0] == ([b"row 0", b"row 1", b"row 2", b"row 3"], [0.0, 1.0, 2.0, 3.0])
+
+
+def test_as_dataset_with_an_output_signature_casts_batches(tf, make_server):
+    server = make_server()
+    Bg(feed_all_then_close, server, feeder_for(server), {0: [np.int32(i) for i in range(10)]}).get()
+    spec = tf.TensorSpec((None,), tf.int64)
+    ds = DataFeed(server).as_dataset(8, output_signature=spec)
+    assert ds.element_spec == spec
+    assert [b.numpy().tolist() for b in ds] == [list(range(8)), [8, 9]]
+
+
+def test_as_dataset_on_an_empty_feed_asks_for_a_signature(tf, make_server):
+    server = make_server()
+    close_feed(server)
+    with pytest.raises(InputError, match="output_signature"):
+        DataFeed(server).as_dataset(8)

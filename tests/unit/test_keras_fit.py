@@ -1,0 +1,444 @@
+"""tfonspark.keras.fit in one process (a one-worker MultiWorkerMirroredStrategy, no TF_CONFIG)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfonspark.distribute as distribute
+import tfonspark.keras as tfk
+from tfonspark.distribute.resolver import task_info
+from tfonspark.errors import ConfigError
+
+W_TRUE = np.array([[3.0], [2.0]], dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    """The process's strategy, created without TF_CONFIG (a one-worker MWMS)."""
+    os.environ.pop("TF_CONFIG", None)
+    return distribute.strategy()
+
+
+def _linear_data(n: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(seed).normal(size=(n, 2)).astype("float32")
+    return x, (x @ W_TRUE + 1.0).astype("float32")
+
+
+def _linear_ds(n: int = 256, batch: int = 32, seed: int = 0) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(_linear_data(n, seed)).batch(batch)
+
+
+def _linear_model(strategy, optimizer="sgd"):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.1) if optimizer == "sgd" else keras.optimizers.Adam(0.05)
+        model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+    return model
+
+
+def _weights(model) -> list[np.ndarray]:
+    return [np.array(w) for w in model.get_weights()]
+
+
+class _Recorder(keras.callbacks.Callback):
+    """Remembers the weights at train begin and the epochs seen."""
+
+    def on_train_begin(self, logs=None):
+        self.start_weights = _weights(self.model)
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+# -- TF_CONFIG reading (pure) ----------------------------------------------------------------
+
+
+def test_task_info_without_tf_config_is_a_single_chief():
+    info = task_info("")
+    assert (info.task_type, info.task_id, info.num_workers, info.is_chief) == (None, 0, 1, True)
+
+
+def test_task_info_reads_cluster_and_chief():
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    worker0 = task_info({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    chief = task_info({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    assert worker0.num_workers == 3
+    assert not worker0.is_chief
+    assert chief.is_chief
+
+
+def test_task_info_worker0_is_chief_without_chief_role():
+    tf_config = '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": "1"}}'
+    info = task_info(tf_config)
+    assert (info.task_id, info.is_chief) == (1, False)
+    assert task_info(tf_config.replace('"1"', "0")).is_chief
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "'ps'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "not in"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}', ">= 0"),
+        ('{"cluster": {"worker": "a:1"}, "task": {"type": "worker"}}', "list of"),
+    ],
+)
+def test_task_info_rejects_malformed_tf_config(bad, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        task_info(bad)
+
+
+# -- strategy --------------------------------------------------------------------------------
+
+
+def test_strategy_is_cached_and_refuses_another_tf_config(strategy):
+    assert distribute.strategy() is strategy
+    assert strategy.num_replicas_in_sync == 1
+    os.environ["TF_CONFIG"] = '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker"}}'
+    with pytest.raises(ConfigError, match="already created"):
+        distribute.strategy()
+    with pytest.raises(ConfigError, match="collective"):
+        distribute.strategy(communication="carrier-pigeon")
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def test_fit_learns_linear_function_and_reports_global_epoch_logs(strategy):
+    model = _linear_model(strategy)
+    reports: list[distribute.Progress] = []
+    epochs = 12
+    xv, yv = _linear_data(64, seed=1)
+    yv = yv + np.random.default_rng(1).normal(0.0, 0.5, size=yv.shape).astype("float32")
+    history = tfk.fit(
+        model,
+        _linear_ds(),
+        epochs=epochs,
+        validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(16),
+        on_progress=reports.append,
+        log_every_steps=4,
+        verbose=0,
+    )
+    kernel, bias = _weights(model)
+    np.testing.assert_allclose(kernel.ravel(), [3.0, 2.0], atol=0.02)
+    np.testing.assert_allclose(bias, [1.0], atol=0.02)
+    assert set(history.history) == {"loss", "mae", "val_loss", "val_mae"}
+    assert history.epoch == list(range(epochs))
+    assert all(len(v) == epochs for v in history.history.values())
+    assert history.history["loss"][-1] < history.history["loss"][0] / 100
+    # val_* after the last epoch is the final model's error on the validation set
+    predicted = xv @ kernel + bias
+    assert history.history["val_loss"][-1] == pytest.approx(
+        np.mean((predicted - yv) ** 2), rel=1e-4
+    )
+    assert history.history["val_mae"][-1] == pytest.approx(
+        np.mean(np.abs(predicted - yv)), rel=1e-4
+    )
+    ends = [r for r in reports if r.epoch_end]
+    steps = [r for r in reports if not r.epoch_end]
+    assert [r.epoch for r in ends] == list(range(epochs))
+    assert all(r.global_rows == 256 and r.step == 8 and r.rows_per_sec > 0 for r in ends)
+    assert ends[-1].logs["val_loss"] == history.history["val_loss"][-1]
+    assert [(r.step, r.rows) for r in steps[:2]] == [(4, 128), (8, 256)]
+    assert isinstance(steps[0].loss, float)
+
+
+def test_fit_classification_with_sparse_crossentropy_and_accuracy(strategy):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(300, 4)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64") + 2 * (x[:, 2] > 1.0)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(300, seed=0).batch(30)
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["sparse_categorical_accuracy"],
+        )
+    history = tfk.fit(model, ds, epochs=15, validation_data=ds, verbose=0)
+    accuracy = history.history["sparse_categorical_accuracy"]
+    assert accuracy[-1] > 0.9 > accuracy[0]
+    assert history.history["val_sparse_categorical_accuracy"][-1] > 0.9
+    predicted = np.argmax(model.predict(x, verbose=0), axis=1)
+    assert history.history["val_sparse_categorical_accuracy"][-1] == pytest.approx(
+        np.mean(predicted == y), abs=1e-6
+    )
+
+
+def test_build_fn_is_called_inside_the_scope(strategy):
+    def build():
+        assert tf.distribute.has_strategy()
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    history = tfk.fit(build, _linear_ds(), epochs=3, verbose=0)
+    assert isinstance(history.model, keras.Model)
+    assert history.model.distribute_strategy is strategy
+    assert len(history.history["loss"]) == 3
+
+
+def test_dataset_fn_gets_an_input_context(strategy):
+    contexts = []
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        contexts.append(ctx)
+        batch = ctx.get_per_replica_batch_size(32)
+        return _linear_ds(batch=batch).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+    model = _linear_model(strategy)
+    history = tfk.fit(model, dataset_fn, epochs=2, validation_data=dataset_fn, verbose=0)
+    assert [(c.num_input_pipelines, c.input_pipeline_id) for c in contexts][:1] == [(1, 0)]
+    assert len(history.history["val_loss"]) == 2
+
+
+def test_infinite_dataset_needs_steps_per_epoch(strategy):
+    model = _linear_model(strategy)
+    infinite = tf.data.Dataset.counter().map(
+        lambda i: (tf.fill([2], tf.cast(i, tf.float32)), [1.0])
+    )
+    infinite = infinite.batch(4)
+    assert infinite.cardinality() == tf.data.INFINITE_CARDINALITY
+    with pytest.raises(ConfigError, match="steps_per_epoch"):
+        tfk.fit(model, infinite, epochs=1, verbose=0)
+    seen: list[int] = []
+
+    class Batches(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(batch)
+
+    reports: list[distribute.Progress] = []
+    history = tfk.fit(
+        model,
+        infinite,
+        epochs=2,
+        steps_per_epoch=3,
+        callbacks=[Batches()],
+        on_progress=reports.append,
+        verbose=0,
+    )
+    assert len(history.history["loss"]) == 2
+    assert seen == [0, 1, 2, 0, 1, 2]
+    assert [r.global_rows for r in reports if r.epoch_end] == [12, 12]
+
+
+def test_finite_dataset_with_steps_per_epoch_restarts_when_it_runs_out(strategy, caplog):
+    model = _linear_model(strategy)
+    reports: list[distribute.Progress] = []
+    with caplog.at_level(logging.WARNING, logger="tfonspark.distribute.keras_fit"):
+        tfk.fit(
+            model, _linear_ds(), epochs=3, steps_per_epoch=5, on_progress=reports.append, verbose=0
+        )
+    # 8 batches: epoch 0 takes 5, epoch 1 the last 3 (early end), epoch 2 starts again
+    assert [r.step for r in reports if r.epoch_end] == [5, 3, 5]
+    assert "ran out of data after 3 of 5 steps" in caplog.text
+
+
+def test_progress_goes_to_the_log_by_default(strategy, caplog):
+    model = _linear_model(strategy)
+    with caplog.at_level(logging.INFO, logger="tfonspark.distribute.keras_fit"):
+        tfk.fit(model, _linear_ds(), epochs=1, log_every_steps=4, verbose=0)
+    lines = [r.getMessage() for r in caplog.records if "rows/s" in r.getMessage()]
+    assert len(lines) == 3
+    assert lines[0].startswith("worker 0 epoch 1 step 4/8 loss=")
+    assert lines[-1].endswith("(epoch end, all workers)")
+
+
+def test_stop_training_is_honoured_at_the_epoch_end(strategy):
+    class StopAfterTwo(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = epoch == 1
+
+    history = tfk.fit(
+        _linear_model(strategy), _linear_ds(), epochs=6, callbacks=[StopAfterTwo()], verbose=0
+    )
+    assert history.epoch == [0, 1]
+
+
+def test_keras_early_stopping_works(strategy):
+    model = _linear_model(strategy)
+    stopper = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=1)
+    history = tfk.fit(model, _linear_ds(), epochs=10, callbacks=[stopper], verbose=0)
+    assert history.epoch == [0, 1]
+
+
+# -- contract violations ---------------------------------------------------------------------
+
+
+def test_model_created_outside_the_scope_is_refused(strategy):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ConfigError, match="not created under"):
+        tfk.fit(model, _linear_ds(), verbose=0)
+    with pytest.raises(ConfigError, match="not created under"):
+        tfk.fit(model, _linear_ds(), strategy=strategy, verbose=0)
+
+
+def test_model_compiled_outside_the_scope_is_refused(strategy):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(ConfigError, match="not compiled"):
+        tfk.fit(model, _linear_ds(), verbose=0)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ConfigError, match="compiled outside"):
+        tfk.fit(model, _linear_ds(), verbose=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"epochs": True}, "epochs"),
+        ({"steps_per_epoch": 0}, "steps_per_epoch"),
+        ({"verbose": "loud"}, "verbose"),
+        ({"shard_policy": "sometimes"}, "shard_policy"),
+        ({"log_every_steps": -1}, "log_every_steps"),
+    ],
+)
+def test_bad_arguments_are_config_errors(strategy, kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        tfk.fit(_linear_model(strategy), _linear_ds(), **kwargs)
+
+
+def test_bad_inputs_are_config_errors(strategy):
+    model = _linear_model(strategy)
+    with pytest.raises(ConfigError, match="tf.data.Dataset"):
+        tfk.fit(model, [1, 2, 3], verbose=0)
+    with pytest.raises(ConfigError, match="shard_policy applies"):
+        tfk.fit(model, lambda ctx: _linear_ds(), shard_policy="data", verbose=0)
+    with pytest.raises(ConfigError, match="build_fn must return"):
+        tfk.fit(lambda: "not a model", _linear_ds(), verbose=0)
+    with pytest.raises(ConfigError, match="model must be"):
+        tfk.fit(42, _linear_ds(), verbose=0)
+
+
+# -- checkpoints and export ------------------------------------------------------------------
+
+
+def test_resume_continues_after_the_last_completed_epoch(strategy, tmp_path):
+    first = _linear_model(strategy, optimizer="adam")
+    h1 = tfk.fit(first, _linear_ds(), epochs=1, model_dir=tmp_path, verbose=0)
+    assert h1.epoch == [0]
+    after_first = _weights(first)
+    iterations = int(first.optimizer.iterations.numpy())
+
+    second = _linear_model(strategy, optimizer="adam")  # a fresh, differently trained start
+    assert not np.allclose(_weights(second)[0], after_first[0])
+    recorder = _Recorder()
+    h2 = tfk.fit(
+        second, _linear_ds(), epochs=2, model_dir=tmp_path, callbacks=[recorder], verbose=0
+    )
+    assert h2.epoch == [1] and recorder.epochs == [1]
+    assert len(h2.history["loss"]) == 1
+    for restored, saved in zip(recorder.start_weights, after_first, strict=True):
+        np.testing.assert_array_equal(restored, saved)
+    assert int(second.optimizer.iterations.numpy()) == 2 * iterations  # Adam state came back too
+    names = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert "ckpt-1.index" in names and "ckpt-2.index" in names
+
+
+def test_checkpoint_holds_non_trainable_state_and_a_done_run_trains_nothing(strategy, tmp_path):
+    def build():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential(
+            [keras.Input((2,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    trained = tfk.fit(build, _linear_ds(), epochs=2, model_dir=tmp_path, verbose=0).model
+    history = tfk.fit(build, _linear_ds(), epochs=2, model_dir=tmp_path, verbose=0)
+    assert history.history == {} and history.epoch == []
+    restored = history.model
+    moving_mean = restored.layers[0].moving_mean
+    assert not np.allclose(moving_mean.numpy(), 0.0)
+    for a, b in zip(_weights(restored), _weights(trained), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised inside Keras' shape error
+def test_checkpoint_of_another_model_is_refused(strategy, tmp_path):
+    tfk.fit(_linear_model(strategy), _linear_ds(), epochs=1, model_dir=tmp_path, verbose=0)
+
+    def bigger():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    with pytest.raises(ConfigError, match="does not match the model"):
+        tfk.fit(bigger, _linear_ds(), epochs=2, model_dir=tmp_path, verbose=0)
+
+
+def test_workers_that_restored_different_epochs_are_refused(strategy, tmp_path, monkeypatch):
+    from tfonspark.distribute import checkpoint
+
+    model = _linear_model(strategy)
+    tfk.fit(model, _linear_ds(), epochs=1, model_dir=tmp_path, verbose=0)
+    # what two workers would sum if one restored epoch 1 and the other found nothing (epoch 0)
+    monkeypatch.setattr(checkpoint, "sum_across_replicas", lambda s, values: [1.0, 1.0, 2.0])
+    with pytest.raises(ConfigError, match="shared|every worker can read"):
+        checkpoint.EpochCheckpoint(model, tmp_path, strategy=strategy).restore()
+
+
+def test_fit_inside_the_scope_with_checkpoints(strategy, tmp_path):
+    model = _linear_model(strategy)
+    with strategy.scope():
+        history = tfk.fit(model, _linear_ds(), epochs=2, model_dir=tmp_path, verbose=0)
+    assert history.epoch == [0, 1]
+    assert (tmp_path / "checkpoints" / "ckpt-2.index").exists()
+
+
+def test_export_saved_model_serves_the_same_predictions(strategy, tmp_path):
+    trainer = distribute.DistributedTrainer(_linear_model(strategy))
+    trainer.fit(_linear_ds(), epochs=2, verbose=0)
+    assert trainer.is_chief
+    path = trainer.export(tmp_path / "export")
+    assert path == str(tmp_path / "export")
+    x, _ = _linear_data(16, seed=5)
+    loaded = tf.saved_model.load(path)  # keep a reference: serve() uses its variables
+    served = loaded.serve(tf.constant(x)).numpy()
+    np.testing.assert_allclose(served, trainer.model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+
+
+# -- tf_keras --------------------------------------------------------------------------------
+
+
+def test_tf_keras_model_is_trained_by_its_own_fit(tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.1), loss="mse")
+    with pytest.raises(ConfigError, match="on_progress"):
+        tfk.fit(model, _linear_ds(), on_progress=print)
+    history = tfk.fit(model, _linear_ds(), epochs=3, model_dir=tmp_path, verbose=0)
+    assert isinstance(history, tf_keras.callbacks.History)
+    assert len(history.history["loss"]) == 3
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+# -- public surface --------------------------------------------------------------------------
+
+
+def test_reading_tf_config_does_not_import_tensorflow():
+    code = "import sys, tfonspark.distribute.resolver; sys.exit('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("module", [tfk, distribute])
+def test_exported_members(module):
+    assert module.__all__ == sorted(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None

@@ -1,0 +1,532 @@
+"""The wire: HMAC mutual-auth handshake, signed and sequenced frames, typed JSON messages."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import shlex
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tfonspark.errors import AuthenticationError, ProtocolError
+from tfonspark.wire import bootstrap
+from tfonspark.wire import framing as f
+from tfonspark.wire import messages as m
+
+SECRET = bytes(range(32))
+OTHER = bytes(range(1, 33))
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for a socket while a frame is built, so tests can put raw bytes on the wire."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def sendall(self, data) -> None:
+        self.data += bytes(data)
+
+
+def frame_bytes(conn: f.Connection, *parts) -> bytes:
+    """The exact bytes ``conn.send(*parts)`` would write (the connection's sequence advances)."""
+    real, rec = conn.sock, _Recorder()
+    conn.sock = rec
+    try:
+        conn.send(*parts)
+    finally:
+        conn.sock = real
+    return bytes(rec.data)
+
+
+class Listener:
+    """A listening socket on 127.0.0.1 whose accepted sockets run ``server_handshake``."""
+
+    def __init__(self, secret: bytes = SECRET, max_frame: int = f.DEFAULT_MAX_FRAME,
+                 timeout: float = 5.0) -> None:
+        self.secret, self.max_frame, self.timeout = secret, max_frame, timeout
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = self.sock.getsockname()
+
+    def accept(self) -> tuple[f.Connection | None, BaseException | None]:
+        self.sock.settimeout(10)
+        s, _ = self.sock.accept()
+        try:
+            return f.server_handshake(s, self.secret, timeout=self.timeout, max_frame=self.max_frame), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            s.close()
+            return None, exc
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def handshake_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET,
+                   max_frame: int = f.DEFAULT_MAX_FRAME):
+    """(server_conn, server_exc, client_conn, client_exc) for one connection on 127.0.0.1."""
+    lis = Listener(server_secret, max_frame)
+    out: dict = {}
+
+    def serve() -> None:
+        out["server"] = lis.accept()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    client, client_exc = None, None
+    try:
+        client = f.connect(lis.address, client_secret, timeout=5, max_frame=max_frame)
+    except BaseException as exc:  # noqa: BLE001
+        client_exc = exc
+    t.join(10)
+    assert not t.is_alive(), "server handshake hung"
+    lis.close()
+    server, server_exc = out["server"]
+    return server, server_exc, client, client_exc
+
+
+@pytest.fixture
+def pair():
+    server, s_exc, client, c_exc = handshake_pair()
+    assert s_exc is None and c_exc is None
+    server.settimeout(5)
+    client.settimeout(5)
+    yield server, client
+    server.close()
+    client.close()
+
+
+def _evil_payload(target: Path) -> bytes:
+    """A pickle that runs ``touch target`` when (and only when) it is unpickled."""
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {shlex.quote(str(target))}",)
+
+    return pickle.dumps(Evil())
+
+
+# ---- handshake --------------------------------------------------------------------------------
+
+
+def test_handshake_with_the_right_secret_gives_a_working_connection(pair):
+    server, client = pair
+    client.send(b"hello")
+    assert bytes(server.recv()) == b"hello"
+    server.send(b"world", b"!")
+    assert bytes(client.recv()) == b"world!"
+    # both directions keep working over many frames (sequence numbers advance in step)
+    for i in range(10):
+        client.send(str(i).encode())
+        server.send(bytes(server.recv()) + b"-ack")
+        assert bytes(client.recv()) == f"{i}-ack".encode()
+
+
+def test_new_secret_is_random_and_long_enough():
+    a, b = f.new_secret(), f.new_secret()
+    assert len(a) == 32 and a != b
+
+
+def test_client_with_wrong_secret_is_rejected_by_the_server():
+    server, s_exc, client, c_exc = handshake_pair(server_secret=SECRET, client_secret=OTHER)
+    assert server is None and isinstance(s_exc, AuthenticationError)
+    # the server drops the connection without proving anything; the client fails too
+    assert client is None and isinstance(c_exc, (OSError, ProtocolError))
+
+
+def test_server_with_wrong_secret_fails_too():
+    server, s_exc, client, c_exc = handshake_pair(server_secret=OTHER, client_secret=SECRET)
+    assert server is None and isinstance(s_exc, AuthenticationError)
+    assert client is None and c_exc is not None
+
+
+def test_client_checks_the_server_proof():
+    """An impostor server that accepts any client but cannot prove the secret is detected."""
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(1)
+
+    def impostor() -> None:
+        s, _ = lis.accept()
+        with s:
+            s.sendall(f.MAGIC + bytes([f.VERSION]) + os.urandom(f.NONCE))
+            f._recv_exact(s, len(f.MAGIC) + 1 + f.NONCE + f.TAG)
+            s.sendall(os.urandom(f.TAG))  # a made-up server proof
+            with contextlib.suppress(OSError):
+                s.recv(1)
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    with pytest.raises(AuthenticationError, match="server failed"):
+        f.connect(lis.getsockname(), SECRET, timeout=5)
+    t.join(5)
+    lis.close()
+
+
+def test_client_rejects_a_server_of_another_protocol():
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(1)
+
+    def other_server() -> None:
+        s, _ = lis.accept()
+        with s:
+            s.sendall(b"HTTP/1.1 200 OK\r\n" + b"x" * 64)
+            with contextlib.suppress(OSError):
+                s.recv(1)
+
+    t = threading.Thread(target=other_server, daemon=True)
+    t.start()
+    with pytest.raises(ProtocolError, match="not a tfonspark server"):
+        f.connect(lis.getsockname(), SECRET, timeout=5)
+    t.join(5)
+    lis.close()
+
+
+@pytest.mark.parametrize("hello", [
+    b"GET / HTTP/1.1\r\n" + b"x" * 80,                      # another protocol
+    b"TFoS" + bytes([f.VERSION + 1]) + b"\0" * 64,         # another version
+])
+def test_server_rejects_foreign_hellos(hello):
+    lis = Listener()
+    with socket.create_connection(lis.address, timeout=5) as s:
+        s.sendall(hello)
+        conn, exc = lis.accept()
+    lis.close()
+    assert conn is None and isinstance(exc, ProtocolError)
+
+
+def test_server_handshake_times_out_on_a_silent_peer():
+    lis = Listener(timeout=0.3)
+    with socket.create_connection(lis.address, timeout=5):
+        start = time.monotonic()
+        conn, exc = lis.accept()
+        elapsed = time.monotonic() - start
+    lis.close()
+    assert conn is None and isinstance(exc, TimeoutError)
+    assert elapsed < 3
+
+
+def test_replayed_handshake_fails_because_the_server_nonce_is_fresh():
+    """Bytes recorded from a successful client handshake do not authenticate a new connection."""
+    lis = Listener()
+    recorded = bytearray()
+
+    t = threading.Thread(target=lambda: lis.accept()[0].close(), daemon=True)
+    t.start()
+    sock = socket.create_connection(lis.address, timeout=5)
+    orig_sendall = sock.sendall
+
+    class Tap:  # records what the real client sends
+        def __getattr__(self, name):
+            return getattr(sock, name)
+
+        def sendall(self, data):
+            recorded.extend(data)
+            return orig_sendall(data)
+
+    conn = f.client_handshake(Tap(), SECRET, timeout=5)  # type: ignore[arg-type]
+    t.join(5)
+    conn.close()
+    assert len(recorded) == len(f.MAGIC) + 1 + f.NONCE + f.TAG
+
+    with socket.create_connection(lis.address, timeout=5) as s:
+        s.sendall(bytes(recorded))
+        conn2, exc = lis.accept()
+    lis.close()
+    assert conn2 is None and isinstance(exc, AuthenticationError)
+
+
+# ---- frames -----------------------------------------------------------------------------------
+
+
+def test_frame_tampered_in_flight_is_rejected(pair):
+    server, client = pair
+    raw = bytearray(frame_bytes(client, b"transfer 10 to alice"))
+    raw[-5] ^= 0x01  # flip one payload bit
+    client.sock.sendall(raw)
+    with pytest.raises(AuthenticationError):
+        server.recv()
+
+
+def test_frame_with_a_tampered_tag_is_rejected(pair):
+    server, client = pair
+    raw = bytearray(frame_bytes(client, b"payload"))
+    raw[4] ^= 0x80
+    client.sock.sendall(raw)
+    with pytest.raises(AuthenticationError):
+        server.recv()
+
+
+def test_frame_with_a_tampered_length_is_rejected(pair):
+    server, client = pair
+    raw = bytearray(frame_bytes(client, b"0123456789"))
+    raw[3] -= 2  # claims 8 bytes: the last two become the start of the next frame
+    client.sock.sendall(raw)
+    with pytest.raises(AuthenticationError):
+        server.recv()
+
+
+def test_replayed_frame_is_rejected(pair):
+    server, client = pair
+    raw = frame_bytes(client, b"do it once")
+    client.sock.sendall(raw)
+    assert bytes(server.recv()) == b"do it once"
+    client.sock.sendall(raw)  # the same frame again on the wire
+    with pytest.raises(AuthenticationError, match="replayed"):
+        server.recv()
+
+
+def test_reordered_frames_are_rejected(pair):
+    server, client = pair
+    first = frame_bytes(client, b"first")
+    second = frame_bytes(client, b"second")
+    client.sock.sendall(second + first)
+    with pytest.raises(AuthenticationError):
+        server.recv()
+
+
+def test_frame_from_another_connection_is_rejected():
+    s1, _, c1, _ = handshake_pair()
+    s2, _, c2, _ = handshake_pair()
+    try:
+        raw = frame_bytes(c1, b"meant for connection 1")  # sequence 0, like c2's next frame
+        c2.sock.sendall(raw)
+        s2.settimeout(5)
+        with pytest.raises(AuthenticationError):
+            s2.recv()
+        # while the same bytes are fine where they belong
+        c1.sock.sendall(raw)
+        s1.settimeout(5)
+        assert bytes(s1.recv()) == b"meant for connection 1"
+    finally:
+        for c in (s1, c1, s2, c2):
+            c.close()
+
+
+def test_reflected_frame_is_rejected(pair):
+    """A frame the server sent, bounced back to it, fails (direction is signed)."""
+    server, client = pair
+    raw = frame_bytes(server, b"from the server")  # server's sequence 0 == client's sequence 0
+    client.sock.sendall(raw)
+    with pytest.raises(AuthenticationError):
+        server.recv()
+
+
+def test_reflected_frame_is_rejected_by_the_client_too(pair):
+    server, client = pair
+    raw = frame_bytes(client, b"from the client")
+    server.sock.sendall(raw)
+    with pytest.raises(AuthenticationError):
+        client.recv()
+
+
+@pytest.mark.parametrize("keep", [2, f._HEADER.size + 10, f._HEADER.size + f.TAG + 3])
+def test_truncated_frame_is_rejected(pair, keep):
+    server, client = pair
+    raw = frame_bytes(client, b"a payload of some length")
+    client.sock.sendall(raw[:keep])
+    client.sock.shutdown(socket.SHUT_WR)
+    with pytest.raises(ConnectionResetError, match="peer closed"):
+        server.recv()
+
+
+def test_truncated_frame_without_close_times_out(pair):
+    server, client = pair
+    raw = frame_bytes(client, b"a payload of some length")
+    client.sock.sendall(raw[:-3])
+    server.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        server.recv()
+
+
+def test_oversized_length_is_rejected_before_reading_the_payload():
+    server, _, client, _ = handshake_pair(max_frame=1024)
+    try:
+        server.settimeout(5)
+        # announce 4 GiB - 1, send no payload: the limit must trip at once, not after a read
+        client.sock.sendall(struct.pack(">I", 0xFFFFFFFF) + os.urandom(f.TAG))
+        start = time.monotonic()
+        with pytest.raises(ProtocolError, match="limit"):
+            server.recv()
+        assert time.monotonic() - start < 2
+    finally:
+        server.close()
+        client.close()
+
+
+def test_sender_refuses_frames_over_the_limit():
+    server, _, client, _ = handshake_pair(max_frame=1024)
+    try:
+        with pytest.raises(ProtocolError, match="exceeds"):
+            client.send(b"x" * 1000, b"y" * 25)
+        client.send(b"x" * 1024)  # exactly the limit is fine, and the sequence did not advance
+        server.settimeout(5)
+        assert len(server.recv()) == 1024
+    finally:
+        server.close()
+        client.close()
+
+
+def test_send_accepts_several_buffer_kinds(pair):
+    server, client = pair
+    arr = np.arange(10, dtype=np.float64)
+    client.send(b"ab", bytearray(b"cd"), memoryview(arr).cast("B"), b"")
+    got = bytes(server.recv())
+    assert got[:4] == b"abcd" and np.array_equal(np.frombuffer(got[4:], np.float64), arr)
+    client.send()  # an empty frame
+    assert bytes(server.recv()) == b""
+
+
+def test_concurrent_senders_on_one_connection(pair):
+    server, client = pair
+    n_threads, per_thread = 8, 50
+
+    def sender(k: int) -> None:
+        for i in range(per_thread):
+            client.send(f"{k}:{i}".encode(), b"." * (i * 7))
+
+    threads = [threading.Thread(target=sender, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    got = [bytes(server.recv()).split(b".")[0].decode() for _ in range(n_threads * per_thread)]
+    for t in threads:
+        t.join(10)
+    assert sorted(got) == sorted(f"{k}:{i}" for k in range(n_threads) for i in range(per_thread))
+    for k in range(n_threads):  # each thread's frames arrive in its order
+        mine = [int(x.split(":")[1]) for x in got if x.startswith(f"{k}:")]
+        assert mine == list(range(per_thread))
+
+
+def test_hmac_is_what_the_docstring_says(pair):
+    """Pin the frame layout: length(4) tag(32) payload, tag over direction+seq+length+payload."""
+    server, client = pair
+    raw = frame_bytes(client, b"pin")
+    length, tag, payload = raw[:4], raw[4:36], raw[36:]
+    assert struct.unpack(">I", length) == (3,) and payload == b"pin"
+    expected = hmac.new(client._key, b"c" + struct.pack(">Q", 0) + length + payload, hashlib.sha256)
+    assert tag == expected.digest()
+
+
+# ---- messages ---------------------------------------------------------------------------------
+
+EXAMPLES = [
+    m.Register(executor_id=3, host="10.0.0.1", port=2222, executor_key="abcd", pid=42, cluster_id="c1"),
+    m.ClusterReady(job_name="worker", task_index=1, cluster_spec={"ps": ["h:1"], "worker": ["h:2", "h:3"]}),
+    m.Reject(reason="no such executor: ünïcødé"),
+    m.NodeUp(executor_id=1, tf_pid=99, data_host="127.0.0.1", data_port=5000, tensorboard_url="http://x"),
+    m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),
+    m.Stop(grace_secs=2.5),
+    m.Ack(count=7),
+    m.FeedStart(qname="input", train=False, partition=4, columns=["a", "b"]),
+    m.FeedEnd(count=100),
+    m.FeedClose(qname="input"),
+    m.Terminate(),
+    m.ResultsEnd(count=100),
+]
+
+
+def test_examples_cover_every_message_type():
+    assert {type(e) for e in EXAMPLES} == set(m._REGISTRY.values())
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_messages_round_trip(message):
+    payload = m.encode(message)
+    assert payload[:1] == m.JSON_KIND
+    assert m.decode(payload) == message
+    assert m.decode(memoryview(payload)) == message
+
+
+def test_messages_round_trip_over_a_connection(pair):
+    server, client = pair
+    for message in EXAMPLES:
+        m.send_message(client, message)
+        assert m.recv_message(server) == message
+
+
+def test_recv_message_enforces_the_expected_types(pair):
+    server, client = pair
+    m.send_message(client, m.Ack(1))
+    with pytest.raises(ProtocolError, match="expected register, received ack"):
+        m.recv_message(server, m.Register)
+    m.send_message(client, m.Stop())
+    assert isinstance(m.recv_message(server, m.Register, m.Stop), m.Stop)
+
+
+@pytest.mark.parametrize("payload", [
+    b"",
+    b"Jnot json",
+    b'J{"type":"no_such_type"}',
+    b'J{"count":1}',                                   # no type
+    b'J{"type":"ack","count":1,"admin":true}',         # unknown field
+    b'J{"type":"feed_end"}',                           # missing field
+    b'J{"type":"","count":1}',                         # the base class is not a message
+    b'J{"type":["ack"]}',
+    b"J[1, 2]",
+    b'J"ack"',                                         # JSON that is not an object
+    b"J1",
+    b"J" + b"[" * 100_000 + b"]" * 100_000,            # nesting deep enough to blow the stack
+    b"J\xff\xfe",                                      # not UTF-8
+    b'B{"type":"ack"}',                                # a batch frame where a message belongs
+    b'{"type":"ack","count":1}',                       # no kind byte
+], ids=repr)
+def test_decode_rejects_malformed_messages(payload):
+    with pytest.raises(ProtocolError):
+        m.decode(payload)
+
+
+def test_decode_never_unpickles(tmp_path):
+    live = tmp_path / "proof-the-payload-is-live"
+    pickle.loads(_evil_payload(live))  # the gadget really runs code when unpickled ...
+    assert live.exists()
+
+    target = tmp_path / "pwned"
+    evil = _evil_payload(target)
+    for payload in (evil, b"J" + evil, b"B" + evil, memoryview(evil)):
+        with pytest.raises(ProtocolError):
+            m.decode(payload)
+    assert not target.exists()  # ... but decode never unpickles it
+
+
+def test_recv_message_never_unpickles(pair, tmp_path):
+    server, client = pair
+    target = tmp_path / "pwned"
+    client.send(_evil_payload(target))  # an authenticated peer, still no pickle on the control plane
+    with pytest.raises(ProtocolError):
+        m.recv_message(server)
+    assert not target.exists()
+
+
+# ---- bootstrap ----------------------------------------------------------------------------------
+
+
+def test_bootstrap_round_trip():
+    stream = io.BytesIO()
+    bootstrap.write_bootstrap(stream, {"config": "{}", "port_fd": 7}, b"\x00payload\xff" * 1000)
+    stream.seek(0)
+    header, payload = bootstrap.read_bootstrap(stream)
+    assert header == {"config": "{}", "port_fd": 7}
+    assert payload == b"\x00payload\xff" * 1000
+
+
+@pytest.mark.parametrize("cut", [0, 3, 8, 12, -1])
+def test_bootstrap_truncated_is_a_protocol_error(cut):
+    stream = io.BytesIO()
+    bootstrap.write_bootstrap(stream, {"a": 1}, b"payload")
+    data = stream.getvalue()
+    with pytest.raises(ProtocolError, match="truncated"):
+        bootstrap.read_bootstrap(io.BytesIO(data[:cut]))
