@@ -10,11 +10,14 @@ import pytest
 NODE_MARKERS = ("tfonspark.tfprocess.entry", "tfonspark.executor.supervisor", "tensorboard.main")
 
 
-def node_processes() -> list[psutil.Process]:
+def node_processes(clusters: list[str] | None = None) -> list[psutil.Process]:
+    """Node processes (supervisors, TF processes, TensorBoard), optionally of given clusters only."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if any(marker in cmd for marker in NODE_MARKERS):
+        if not any(marker in cmd for marker in NODE_MARKERS):
+            continue
+        if clusters is None or any(c[:12] in cmd for c in clusters):
             found.append(proc)
     return found
 
@@ -33,11 +36,21 @@ def listening_ports() -> set[int]:
 
 
 @pytest.fixture
-def no_leftovers(request):
-    """After the test: no node process, no Spark job still running."""
+def no_leftovers(request, monkeypatch):
+    """After the test: no process of the clusters it started, no Spark job still running."""
+    from tfonspark.driver import cluster as cluster_module
+
+    started: list[str] = []
+    original = cluster_module.Cluster.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        started.append(self.cluster_id)
+
+    monkeypatch.setattr(cluster_module.Cluster, "__init__", recording_init)
     yield
-    assert wait_until(lambda: not node_processes(), 20), \
-        f"node processes left behind: {[p.info.get('cmdline') for p in node_processes()]}"
+    assert wait_until(lambda: not node_processes(started), 20), \
+        f"node processes left behind: {[p.info.get('cmdline') for p in node_processes(started)]}"
     for name in ("sc", "sc_local", "standalone"):
         if name in request.fixturenames:
             sc = request.getfixturevalue(name)

@@ -145,7 +145,7 @@ def test_nothing_left_behind_after_shutdown(sc):
     ours = {cluster.server.address[1]} | {int(i["address"].rsplit(":", 1)[1]) for i in cluster.cluster_info}
     assert cluster.server.address[1] in listening_ports()
     cluster.shutdown(timeout=120)
-    assert wait_until(lambda: not node_processes(), 20), node_processes()
+    assert wait_until(lambda: not node_processes([cluster.cluster_id]), 20)
     assert not ours & listening_ports(), f"ports still listening: {ours & listening_ports()}"
     assert not sc.statusTracker().getActiveJobsIds()
 

@@ -90,16 +90,16 @@ class Feeder:
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
     def _row_batches(partition: int, rows: Iterator[Any]) -> Iterator[ColumnBatch]:
-        """Pack rows into batches of about 4 MB (size learned from the first batch)."""
-        size, first_row = 256, 0
+        """Pack rows into batches of about 4 MB; a small first batch measures the row size."""
+        size, first_row = 16, 0
         while True:
             chunk = list(itertools.islice(rows, size))
             if not chunk:
                 return
             batch = pack_rows(chunk, partition, first_row)
             first_row += len(chunk)
-            per_row = max(batch.nbytes // max(len(chunk), 1), 1)
-            size = max(64, min(65536, _TARGET_BYTES // per_row))
+            per_row = max(batch.nbytes // len(chunk), 1)
+            size = max(1, min(65536, _TARGET_BYTES // per_row))
             yield batch
 
     # ---- training ----------------------------------------------------------------------------

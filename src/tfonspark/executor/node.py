@@ -48,7 +48,8 @@ def _events(proc: subprocess.Popen, deadline: float | None) -> Iterator[dict[str
 def start_node(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str],
                wait_for_exit: bool) -> dict[str, Any]:
     """Spawn a supervisor for ``executor_id``; return its last status event."""
-    proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor"],
+    proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor",
+                             "--cluster", config.cluster_id[:12], "--executor", str(executor_id)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdin is not None
     write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id,

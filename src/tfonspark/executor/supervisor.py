@@ -5,8 +5,9 @@ It reserves the node's port, registers with the driver, spawns the TF process, t
 the driver says so or when the driver connection drops. Because it, not the Spark task, is the
 TF process's parent, a TF process killed by a signal is still reported with its output tail.
 
-Run as ``python -m tfonspark.executor.supervisor``; the bootstrap arrives on stdin and status
-lines (``TFOS-STATUS {json}``) go to stdout for the Spark task that spawned it.
+Run as ``python -m tfonspark.executor.supervisor --cluster ID --executor N``; the arguments only
+label the process for ``ps`` (and for tests that check nothing is left behind). The bootstrap
+arrives on stdin; status lines (``TFOS-STATUS {json}``) go to stdout for the spawning task.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class Supervisor:
             "status_fd": status_w, "working_dir": os.getcwd(),
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfonspark.tfprocess.entry"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "tfonspark.tfprocess.entry", "--cluster",
+             self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             pass_fds=(port_sock.fileno(), status_w), start_new_session=True)
         assert proc.stdin is not None

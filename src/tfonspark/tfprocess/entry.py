@@ -1,6 +1,7 @@
 """Main of the TF process: build the context, start the feed server and TensorBoard, run map_fun.
 
-Spawned by the supervisor as ``python -m tfonspark.tfprocess.entry`` with the bootstrap on stdin.
+Spawned by the supervisor as ``python -m tfonspark.tfprocess.entry --cluster ID --node ROLE:INDEX``
+(labels for ``ps`` only) with the bootstrap on stdin.
 Events go to the supervisor over a status pipe as JSON lines: ``up`` once the node is ready,
 ``error`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died, and
 this process exits at once rather than outlive it.

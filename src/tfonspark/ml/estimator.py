@@ -1,0 +1,232 @@
+"""``TFEstimator``: a Spark ML Estimator that trains on a tfonspark cluster and returns a TFModel.
+
+``fit(df)`` does what TFoS's ``pipeline.TFEstimator`` did, on tfonspark's cluster:
+
+1. merges ``tf_args`` with every Param into ``args`` (:meth:`TFParams.merge_args_params`);
+2. starts ``cluster_size`` TensorFlow nodes running ``train_fn(args, ctx)`` (``tfonspark.run``
+   with ``num_ps``, ``master_node`` (default ``'chief'``), ``driver_ps_nodes``, ``tensorboard``);
+3. feeds the data, by ``input_mode``:
+
+   * ``InputMode.SPARK`` (default): ``df.select(sorted(input_mapping))`` is fed ``epochs``
+     times (``Cluster.train``). In ``train_fn``, ``ctx.get_data_feed(input_mapping=args.input_mapping)``
+     gives batches as ``{tensor_name: numpy array}`` (or use ``.as_dataset(batch_size)``), exactly
+     as TFoS's ``TFNode.DataFeed(ctx.mgr, input_mapping=args.input_mapping)`` did;
+   * ``InputMode.TENSORFLOW``: nothing is fed. The DataFrame (its ``input_mapping`` columns, if
+     any) is written as TFRecords to ``tfrecord_dir`` and ``args.tfrecord_dir`` tells ``train_fn``
+     where; a DataFrame read by ``dfutil.loadTFRecords`` is not written again, ``args.tfrecord_dir``
+     is the directory it came from;
+
+4. shuts the cluster down (``grace_secs``), then runs ``export_fn(args)`` once on an executor
+   if given (e.g. to build a serving model from the checkpoints in ``model_dir``);
+5. returns a :class:`~tfonspark.ml.TFModel` with ``tf_args`` and every Param the two share
+   (``export_dir``, ``input_mapping``, ``output_mapping``, ``signature_def_key``, ``tag_set``,
+   ``batch_size``, ``model_dir``).
+
+``train_fn`` should export a SavedModel to ``args.export_dir`` for the model to serve, e.g.
+``tfonspark.distribute.export_saved_model(model, args.export_dir)`` on every node (the chief
+keeps it). Any node failure raises :class:`~tfonspark.errors.NodeFailed` with the node's
+traceback; the cluster is stopped either way.
+
+``output_mapping``, ``signature_def_key`` and ``tag_set`` are TFModel Params that the estimator
+carries too, so a fitted model in a ``Pipeline`` is ready to serve without setting them after
+``fit``. When the training ``input_mapping`` also names tensors the signature does not take (the
+label), TFModel ignores those entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from pyspark.ml import Estimator
+
+from ..config import InputMode
+from ..errors import ClusterError, ConfigError, InputError
+from .model import TFModel
+from .params import (
+    HasBatchSize,
+    HasClusterSize,
+    HasEpochs,
+    HasExportDir,
+    HasFeedTimeout,
+    HasGraceSecs,
+    HasInputMapping,
+    HasInputMode,
+    HasMasterNode,
+    HasModelDir,
+    HasNumPS,
+    HasOutputMapping,
+    HasProtocol,
+    HasReaders,
+    HasSignatureDefKey,
+    HasSteps,
+    HasTagSet,
+    HasTensorboard,
+    HasTFRecordDir,
+    Namespace,
+    TFParams,
+)
+from .persistence import TFPersistence, decode_args, decode_function, encode_args, encode_function
+
+__all__ = ["TFEstimator"]
+
+log = logging.getLogger(__name__)
+
+#: TFoS 2.x defaults, plus tfonspark's ``feed_timeout`` and the TFModel Params it hands on.
+ESTIMATOR_DEFAULTS: dict[str, Any] = {
+    "input_mapping": {},
+    "cluster_size": 1,
+    "num_ps": 0,
+    "driver_ps_nodes": False,
+    "input_mode": int(InputMode.SPARK),
+    "master_node": "chief",
+    "protocol": "grpc",
+    "tensorboard": False,
+    "model_dir": None,
+    "export_dir": None,
+    "tfrecord_dir": None,
+    "batch_size": 100,
+    "epochs": 1,
+    "readers": 1,
+    "steps": 1000,
+    "grace_secs": 30,
+    "feed_timeout": 600,
+    "output_mapping": {},
+    "signature_def_key": "serving_default",
+    "tag_set": None,
+}
+
+
+class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize, HasNumPS,
+                  HasInputMode, HasMasterNode, HasProtocol, HasGraceSecs, HasTensorboard,
+                  HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize, HasEpochs, HasReaders,
+                  HasSteps, HasFeedTimeout, HasOutputMapping, HasSignatureDefKey, HasTagSet,
+                  TFPersistence):
+    """Trains ``train_fn(args, ctx)`` on a tfonspark cluster (TFoS ``pipeline.TFEstimator``).
+
+    ``tf_args``: dict, argparse.Namespace, :class:`Namespace`, argv list (handed to
+    ``train_fn`` as is, as in TFoS) or None. ``export_fn(args)``: optional, run once on an
+    executor after training. See the module docstring for what ``fit`` does.
+    """
+
+    def __init__(self, train_fn: Any, tf_args: Any = None, export_fn: Any = None) -> None:
+        super().__init__()
+        for name, fn in (("train_fn", train_fn), ("export_fn", export_fn)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name} must be a function. Received: {name}={fn!r}")
+        if train_fn is None:
+            raise ConfigError("train_fn is required: a function train_fn(args, ctx) run on every node")
+        self.train_fn = train_fn
+        self.export_fn = export_fn
+        self.args = Namespace(tf_args)
+        self._setDefault(**ESTIMATOR_DEFAULTS)
+
+    def _fit(self, dataset: Any) -> TFModel:
+        """Train on ``dataset`` and return a TFModel sharing this estimator's Params."""
+        from .. import run
+
+        args = self.merge_args_params()
+        mode = InputMode(args.input_mode)
+        if mode == InputMode.SPARK:
+            feed = _feed_frame(dataset, self.getInputMapping())
+        else:
+            feed = None
+            args.tfrecord_dir = _tfrecords_for(dataset, self.getInputMapping(), args.tfrecord_dir)
+        tf_args = args.argv if args.argv else args
+        cluster = run(dataset.sparkSession.sparkContext, self.train_fn, tf_args, args.cluster_size,
+                      args.num_ps, args.tensorboard, mode, master_node=args.master_node,
+                      driver_ps_nodes=args.driver_ps_nodes)
+        _train_and_shutdown(cluster, feed, args)
+        if self.export_fn is not None:
+            _run_export_fn(dataset.sparkSession.sparkContext, self.export_fn, tf_args)
+        _warn_if_no_saved_model(args.export_dir)
+        return self._copyValues(TFModel(self.args))
+
+    # ---- persistence ---------------------------------------------------------------------------
+    def _extra_metadata(self) -> dict[str, Any]:
+        return {"tf_args": encode_args(self.args), "train_fn": encode_function(self.train_fn),
+                "export_fn": encode_function(self.export_fn)}
+
+    @classmethod
+    def _from_metadata(cls, metadata: dict[str, Any]) -> TFEstimator:
+        return cls(decode_function(metadata["train_fn"]), decode_args(metadata.get("tf_args")),
+                   export_fn=decode_function(metadata.get("export_fn")))
+
+
+def _feed_frame(dataset: Any, mapping: dict[str, str]) -> Any:
+    """The columns fed in InputMode.SPARK, in sorted order (TFoS), after checking they exist."""
+    columns = list(dataset.columns)
+    if not mapping:
+        raise ConfigError("TFEstimator feeds the DataFrame columns named in input_mapping "
+                          "(InputMode.SPARK); set input_mapping={column: tensor_name}. Received: "
+                          f"input_mapping={{}}; DataFrame columns: {columns}")
+    missing = [c for c in sorted(mapping) if c not in columns]
+    if missing:
+        raise InputError(f"input_mapping names column(s) {missing} that the DataFrame lacks; "
+                         f"available columns: {columns}", column=missing[0])
+    for column in sorted(mapping):
+        if type(dataset.schema[column].dataType).__name__ == "VectorUDT":
+            raise InputError("a Spark ML vector column cannot be fed; convert it with "
+                             "pyspark.ml.functions.vector_to_array", column=column)
+    return dataset.select(sorted(mapping))
+
+
+def _tfrecords_for(dataset: Any, mapping: dict[str, str], tfrecord_dir: str | None) -> str:
+    """Where train_fn reads the data in InputMode.TENSORFLOW (writing TFRecords if needed)."""
+    from ..data.tfrecord import loaded_from, save_tfrecords
+
+    source = loaded_from(dataset)
+    if source is not None:
+        return source
+    if not tfrecord_dir:
+        raise ConfigError("InputMode.TENSORFLOW writes the DataFrame as TFRecords for train_fn to "
+                          "read; set tfrecord_dir (or fit a DataFrame read with "
+                          "tfonspark.dfutil.loadTFRecords). Received: tfrecord_dir=None")
+    frame = dataset.select(list(mapping)) if mapping else dataset
+    try:
+        files = save_tfrecords(frame, tfrecord_dir)
+    except ConfigError as err:
+        raise ConfigError(f"TFEstimator could not write the DataFrame as TFRecords to "
+                          f"tfrecord_dir={tfrecord_dir!r}; it must be missing or empty: {err}") from err
+    log.info("wrote %d TFRecord file(s) to %s", len(files), tfrecord_dir)
+    return files[0].rsplit("/", 1)[0] if files else tfrecord_dir
+
+
+def _train_and_shutdown(cluster: Any, feed: Any, args: Namespace) -> None:
+    """Feed (SPARK mode) and shut down; on any error stop the cluster, then re-raise."""
+    try:
+        if feed is not None:
+            cluster.train(feed, args.epochs, args.feed_timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.shutdown(grace_secs=0, timeout=60)
+        raise
+    cluster.shutdown(grace_secs=args.grace_secs)
+
+
+def _run_export_fn(sc: Any, export_fn: Any, tf_args: Any) -> None:
+    """Run ``export_fn(args)`` once, in a one-task Spark job (an executor's Python worker)."""
+
+    def call(_: Any) -> list[int]:
+        export_fn(tf_args)
+        return []
+
+    try:
+        sc.parallelize([0], 1).mapPartitions(call).collect()
+    except Exception as exc:
+        lines = [line for line in str(exc).splitlines() if "Error" in line or "Exception" in line]
+        raise ClusterError(f"export_fn failed on an executor: {lines[-1] if lines else exc!r}") from exc
+
+
+def _warn_if_no_saved_model(export_dir: str | None) -> None:
+    """A hint in the log when training ended without the SavedModel the TFModel will need."""
+    from .savedmodel import read_saved_model, resolve_export_dir
+
+    if not export_dir:
+        return
+    try:
+        read_saved_model(resolve_export_dir(export_dir))
+    except Exception as err:  # only a hint: transform() raises the real error
+        log.warning("after training, export_dir=%r holds no readable SavedModel (%s); did train_fn "
+                    "export one?", export_dir, err)

@@ -1,0 +1,348 @@
+"""TFModel inference: bind DataFrame columns to a signature (driver), run it on Arrow batches (executor).
+
+Driver side, :func:`plan_serving` reads the SavedModel's signature (no TensorFlow, no Spark
+job), checks ``input_mapping``/``output_mapping`` against it and the DataFrame, and returns a
+small picklable :class:`ServingPlan`; :func:`output_fields` gives the appended columns' types.
+
+Executor side, :func:`serve_batches` is the ``mapInArrow`` function: for each Arrow record batch
+it turns the mapped columns into numpy arrays without per-row Python work, calls the signature
+``batch_size`` rows at a time, and returns the batch's own columns (untouched) plus one column
+per output. The loaded signature is cached per Python worker (:mod:`tfonspark.ml.model_cache`).
+
+Rules:
+
+* Every signature input needs a column: ``input_mapping`` entries ``{column: input_name}``
+  (``'name:0'`` is accepted for ``'name'``). Entries naming tensors that the signature does not
+  take, e.g. the label tensor used in training, are ignored, so an estimator's training mapping
+  can serve as is in a Pipeline.
+* A column is cast to the input's dtype when numpy calls that cast ``same_kind`` (double ->
+  float, int -> float, bigint -> int), and flat arrays are reshaped to the input's shape when
+  the element counts agree (Spark has only flat arrays: 784 values -> ``[28, 28, 1]``).
+* ``output_mapping`` is ``{output_name: new_column}``; output ``[None]`` becomes a scalar
+  column, ``[None, k]`` an array, ``[None, k, m]`` an array of arrays. float16/bfloat16 become
+  float, unsigned ints the next wider signed type, strings UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from . import savedmodel
+from .savedmodel import Signature, TensorSpec, strip_port
+
+__all__ = [
+    "InputBinding",
+    "OutputBinding",
+    "ServingPlan",
+    "bind_inputs",
+    "bind_outputs",
+    "column_array",
+    "output_fields",
+    "outputs_to_arrow",
+    "plan_serving",
+    "predict",
+    "serve_batches",
+    "spark_type",
+]
+
+log = logging.getLogger(__name__)
+
+#: Output dtype -> (numpy dtype the values are cast to, Spark SQL type name).
+OUTPUT_TYPES: dict[str, tuple[str, str]] = {
+    "float32": ("float32", "float"), "float64": ("float64", "double"),
+    "float16": ("float32", "float"), "bfloat16": ("float32", "float"),
+    "int8": ("int8", "byte"), "int16": ("int16", "short"), "int32": ("int32", "integer"),
+    "int64": ("int64", "long"), "uint8": ("int16", "short"), "uint16": ("int32", "integer"),
+    "uint32": ("int64", "long"), "bool": ("bool", "boolean"), "string": ("object", "string"),
+}
+#: Input dtype -> numpy dtype a column is cast to before it becomes a tensor.
+_INPUT_NUMPY = {"float16": "float16", "bfloat16": "float32", "float32": "float32",
+                "float64": "float64", "int8": "int8", "int16": "int16", "int32": "int32",
+                "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+                "uint64": "uint64", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class InputBinding:
+    """DataFrame column -> signature input."""
+
+    column: str
+    tensor: str
+    dtype: str
+    shape: tuple[int | None, ...] | None
+
+
+@dataclass(frozen=True)
+class OutputBinding:
+    """Signature output -> new DataFrame column."""
+
+    tensor: str
+    column: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Everything an executor needs to serve one signature (picklable, made on the driver)."""
+
+    model_key: str
+    export_dir: str
+    tags: tuple[str, ...] | None
+    signature_def_key: str
+    inputs: tuple[InputBinding, ...]
+    outputs: tuple[OutputBinding, ...]
+    batch_size: int
+
+
+# ---- driver: binding and schema -----------------------------------------------------------------
+
+
+def _names(specs: tuple[TensorSpec, ...]) -> list[str]:
+    return [s.describe() for s in specs]
+
+
+def bind_inputs(signature: Signature, mapping: Mapping[str, str], columns: list[str]) -> tuple[InputBinding, ...]:
+    """Match ``{column: input}`` entries to the signature's inputs; every input needs one."""
+    bound: dict[str, InputBinding] = {}
+    for column, tensor in sorted(mapping.items()):
+        spec = signature.input(strip_port(tensor))
+        if spec is None:
+            log.info("input_mapping entry %r -> %r ignored: not an input of signature %r",
+                     column, tensor, signature.key)
+            continue
+        if spec.name in bound:
+            raise ConfigError(f"input_mapping maps two columns to signature input {spec.name!r}: "
+                              f"{bound[spec.name].column!r} and {column!r}")
+        if column not in columns:
+            raise InputError(f"input_mapping names column {column!r} (for signature input "
+                             f"{spec.name!r}) but the DataFrame has columns {columns}", column=column)
+        bound[spec.name] = InputBinding(column, spec.name, spec.dtype, spec.shape)
+    missing = [s for s in signature.inputs if s.name not in bound]
+    if missing:
+        raise ConfigError(f"signature {signature.key!r} input(s) {[s.name for s in missing]} have no "
+                          f"column; add {{column: input_name}} entries to input_mapping. Received: "
+                          f"input_mapping={dict(mapping)!r}; signature inputs: {_names(signature.inputs)}")
+    return tuple(bound[s.name] for s in signature.inputs)
+
+
+def bind_outputs(signature: Signature, mapping: Mapping[str, str], columns: list[str]) -> tuple[OutputBinding, ...]:
+    """Match ``{output: new_column}`` entries to the signature's outputs."""
+    if not mapping:
+        raise ConfigError(f"output_mapping is empty; set {{output_name: column}} for the outputs to "
+                          f"append. Signature {signature.key!r} outputs: {_names(signature.outputs)}")
+    taken = set(columns)
+    bound = []
+    for tensor, column in sorted(mapping.items()):
+        spec = signature.output(strip_port(tensor))
+        if spec is None:
+            raise ConfigError(f"output_mapping names {tensor!r}, which is not an output of signature "
+                              f"{signature.key!r}. Available outputs: {_names(signature.outputs)}")
+        if column in taken:
+            raise ConfigError(f"output column {column!r} (for output {spec.name!r}) already exists; "
+                              f"choose a new name. Existing columns: {sorted(taken)}")
+        taken.add(column)
+        spark_type(spec)  # fail now, on the driver, for outputs a column cannot hold
+        assert spec.shape is not None
+        bound.append(OutputBinding(spec.name, column, spec.dtype, spec.shape))
+    return tuple(bound)
+
+
+def spark_type(spec: TensorSpec) -> Any:
+    """The Spark SQL type of an output column: nested arrays for each non-batch dimension."""
+    from pyspark.sql import types as T
+
+    if spec.dtype not in OUTPUT_TYPES:
+        raise ConfigError(f"signature output {spec.describe()} has a dtype no DataFrame column can "
+                          f"hold; supported: {sorted(OUTPUT_TYPES)}")
+    if spec.shape is None or len(spec.shape) == 0:
+        raise ConfigError(f"signature output {spec.describe()} has no batch dimension (unknown or "
+                          "zero rank); export the model with a [None, ...] output shape")
+    simple = {"float": T.FloatType, "double": T.DoubleType, "byte": T.ByteType, "short": T.ShortType,
+              "integer": T.IntegerType, "long": T.LongType, "boolean": T.BooleanType,
+              "string": T.StringType}
+    result: Any = simple[OUTPUT_TYPES[spec.dtype][1]]()
+    for _ in spec.shape[1:]:
+        result = T.ArrayType(result, containsNull=False)
+    return result
+
+
+def output_fields(plan: ServingPlan) -> list[Any]:
+    """The StructFields TFModel appends, in ``output_mapping`` key order."""
+    from pyspark.sql import types as T
+
+    return [T.StructField(o.column, spark_type(TensorSpec(o.tensor, o.dtype, o.shape)), False)
+            for o in plan.outputs]
+
+
+def _check_feedable(schema: Any, bindings: tuple[InputBinding, ...]) -> None:
+    """Spark ML vectors cannot be fed; say how to convert them before any job runs."""
+    for b in bindings:
+        if type(schema[b.column].dataType).__name__ == "VectorUDT":
+            raise InputError("a Spark ML vector column cannot be fed to a signature input; convert "
+                             "it with pyspark.ml.functions.vector_to_array", column=b.column)
+
+
+def plan_serving(schema: Any, *, export_dir: str | None, tag_set: str | None,
+                 signature_def_key: str | None, input_mapping: Mapping[str, str],
+                 output_mapping: Mapping[str, str], batch_size: int) -> ServingPlan:
+    """Read the signature, bind columns, and make the id executors cache the model under."""
+    if not export_dir:
+        raise ConfigError("TFModel serves a SavedModel and needs export_dir. Received: export_dir=None; "
+                          "set it with setExportDir(path)")
+    key = signature_def_key or "serving_default"
+    location = savedmodel.resolve_export_dir(export_dir)
+    graphs, digest = savedmodel.read_saved_model(location)
+    signature = savedmodel.select_signature(graphs, tag_set, key, location)
+    columns = list(schema.names)
+    inputs = bind_inputs(signature, input_mapping, columns)
+    _check_feedable(schema, inputs)
+    outputs = bind_outputs(signature, output_mapping, columns)
+    tags = tuple(t.strip() for t in tag_set.split(",") if t.strip()) if tag_set else None
+    return ServingPlan(savedmodel.model_key(location, tag_set, key, digest), location, tags, key,
+                       inputs, outputs, batch_size)
+
+
+# ---- executor: Arrow -> numpy -> signature -> Arrow -----------------------------------------
+
+
+def _fit_shape(values: np.ndarray, b: InputBinding, partition: int) -> np.ndarray:
+    """Values as the input's per-row shape: as they are, or reshaped when element counts agree."""
+    if b.shape is None or b.dtype == "string":
+        return values
+    want, got = b.shape[1:], values.shape[1:]
+    if len(want) == len(got) and all(w is None or w == g for w, g in zip(want, got)):
+        return values
+    known = [w for w in want if w is not None]
+    if len(known) == len(want) and math.prod(got) == math.prod(known):
+        return values.reshape((len(values), *known))
+    raise InputError(f"column values of shape {list(got)} per row do not fit signature input "
+                     f"{b.tensor!r} of shape {[None if w is None else w for w in want]} per row",
+                     column=b.column, partition=partition)
+
+
+def _fit_dtype(values: Any, b: InputBinding, partition: int) -> np.ndarray:
+    """Values cast to the input's dtype where numpy allows a same-kind cast."""
+    if b.dtype == "string":
+        if isinstance(values, np.ndarray) and values.dtype != object:
+            raise InputError(f"column holds {values.dtype} values but signature input {b.tensor!r} "
+                             "takes strings", column=b.column, partition=partition)
+        return np.asarray(values, dtype=object)
+    want = _INPUT_NUMPY.get(b.dtype)
+    if want is None:
+        raise InputError(f"signature input {b.tensor!r} has dtype {b.dtype}, which no column can feed",
+                         column=b.column, partition=partition)
+    if not isinstance(values, np.ndarray) or values.dtype == object:
+        raise InputError(f"column holds text or binary values but signature input {b.tensor!r} "
+                         f"takes {b.dtype}", column=b.column, partition=partition)
+    if values.dtype == want:
+        return values
+    if not np.can_cast(values.dtype, want, casting="same_kind"):
+        raise InputError(f"column holds {values.dtype} values but signature input {b.tensor!r} takes "
+                         f"{b.dtype}; cast the column first", column=b.column, partition=partition)
+    return values.astype(want)
+
+
+def column_array(column: Any, b: InputBinding, partition: int, first_row: int) -> np.ndarray:
+    """One Arrow column as the numpy array signature input ``b`` takes."""
+    import pyarrow as pa
+
+    from ..executor.arrow import arrow_to_columns
+
+    single = pa.RecordBatch.from_arrays([column], names=[b.column])
+    values = arrow_to_columns(single, partition, first_row).columns[0]
+    return _fit_shape(_fit_dtype(values, b, partition), b, partition)
+
+
+def predict(fn: Any, inputs: Mapping[str, np.ndarray], plan: ServingPlan, rows: int) -> dict[str, np.ndarray]:
+    """Call the signature ``plan.batch_size`` rows at a time; the outputs as numpy, row-aligned."""
+    import tensorflow as tf
+
+    dtypes = {b.tensor: b.dtype for b in plan.inputs}
+    parts: dict[str, list[np.ndarray]] = {o.tensor: [] for o in plan.outputs}
+    for start in range(0, rows, plan.batch_size):
+        stop = min(start + plan.batch_size, rows)
+        feed = {}
+        for name, values in inputs.items():
+            tensor = tf.convert_to_tensor(values[start:stop])
+            feed[name] = tensor if tensor.dtype.name == dtypes[name] else tf.cast(tensor, dtypes[name])
+        result = fn(**feed)
+        for o in plan.outputs:
+            value = result[o.tensor].numpy()
+            if value.ndim == 0 or value.shape[0] != stop - start:
+                raise ConfigError(f"signature output {o.tensor!r} returned shape {list(value.shape)} "
+                                  f"for a batch of {stop - start} rows; TFModel needs one output row "
+                                  "per input row (a leading batch dimension)")
+            parts[o.tensor].append(value)
+    return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in parts.items()}
+
+
+def _nest(flat: Any, shape: tuple[int, ...]) -> Any:
+    """Wrap flat Arrow values into list levels for each non-batch dimension of ``shape``."""
+    import pyarrow as pa
+
+    result = flat
+    for level in range(len(shape) - 1, 0, -1):
+        lists = math.prod(shape[:level])
+        offsets = pa.array(np.arange(lists + 1, dtype=np.int32) * shape[level])
+        result = pa.ListArray.from_arrays(offsets, result)
+    return result
+
+
+def outputs_to_arrow(values: np.ndarray, o: OutputBinding) -> Any:
+    """One output's values (batch-major numpy) as the Arrow array of its column."""
+    import pyarrow as pa
+
+    numpy_type, _ = OUTPUT_TYPES[o.dtype]
+    flat_values = values.reshape(-1)
+    if o.dtype == "string":
+        flat = pa.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                         for v in flat_values], type=pa.string())
+    else:
+        flat = pa.array(flat_values.astype(numpy_type, copy=False))
+    return _nest(flat, values.shape)
+
+
+def _empty_outputs(plan: ServingPlan) -> dict[str, np.ndarray]:
+    """Zero-row outputs (unknown dimensions as 0) for an empty record batch."""
+    return {o.tensor: np.zeros((0, *[d or 0 for d in o.shape[1:]]),
+                               dtype=object if o.dtype == "string" else OUTPUT_TYPES[o.dtype][0])
+            for o in plan.outputs}
+
+
+def _with_outputs(batch: Any, plan: ServingPlan, outputs: Mapping[str, np.ndarray]) -> Any:
+    """The input record batch with one Arrow column appended per output."""
+    import pyarrow as pa
+
+    arrays = list(batch.columns) + [outputs_to_arrow(outputs[o.tensor], o) for o in plan.outputs]
+    names = list(batch.schema.names) + [o.column for o in plan.outputs]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def serve_batches(batches: Iterator[Any], plan: ServingPlan) -> Iterator[Any]:
+    """``mapInArrow`` function: each record batch with the signature's outputs appended."""
+    from pyspark import TaskContext
+
+    from .model_cache import load_signature
+
+    task = TaskContext.get()
+    partition = task.partitionId() if task is not None else 0
+    first_row = 0
+    fn = None
+    for batch in batches:
+        rows = batch.num_rows
+        if rows == 0:
+            yield _with_outputs(batch, plan, _empty_outputs(plan))
+            continue
+        fn = fn or load_signature(plan)
+        inputs = {b.tensor: column_array(batch.column(b.column), b, partition, first_row)
+                  for b in plan.inputs}
+        yield _with_outputs(batch, plan, predict(fn, inputs, plan, rows))
+        first_row += rows

@@ -1,0 +1,68 @@
+"""TFoS-compatible face: ``tensorflowonspark.pipeline`` names, backed by :mod:`tfonspark.ml`.
+
+Programs change only their import line::
+
+    from tfonspark.pipeline import TFEstimator, TFModel
+
+``TFEstimator(train_fn, tf_args, export_fn=None)`` and ``TFModel(tf_args)`` take the same
+arguments and Params (names and defaults) as in TFoS, and ``train_fn(args, ctx)`` receives the
+same merged ``args``. Differences: a TFModel keeps the input columns and appends its outputs,
+and ``signature_def_key`` defaults to ``serving_default``. TFoS internals (``_run_model``,
+``single_node_env``, ``yield_batch``) are not kept.
+"""
+
+from __future__ import annotations
+
+from .ml.estimator import TFEstimator
+from .ml.model import TFModel
+from .ml.params import (
+    HasBatchSize,
+    HasClusterSize,
+    HasEpochs,
+    HasExportDir,
+    HasFeedTimeout,
+    HasGraceSecs,
+    HasInputMapping,
+    HasInputMode,
+    HasMasterNode,
+    HasModelDir,
+    HasNumPS,
+    HasOutputMapping,
+    HasProtocol,
+    HasReaders,
+    HasSignatureDefKey,
+    HasSteps,
+    HasTagSet,
+    HasTensorboard,
+    HasTFRecordDir,
+    Namespace,
+    TFParams,
+    TFTypeConverters,
+)
+
+__all__ = [
+    "HasBatchSize",
+    "HasClusterSize",
+    "HasEpochs",
+    "HasExportDir",
+    "HasFeedTimeout",
+    "HasGraceSecs",
+    "HasInputMapping",
+    "HasInputMode",
+    "HasMasterNode",
+    "HasModelDir",
+    "HasNumPS",
+    "HasOutputMapping",
+    "HasProtocol",
+    "HasReaders",
+    "HasSignatureDefKey",
+    "HasSteps",
+    "HasTFRecordDir",
+    "HasTagSet",
+    "HasTensorboard",
+    "Namespace",
+    "TFEstimator",
+    "TFModel",
+    "TFParams",
+    "TFTypeConverters",
+]
