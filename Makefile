@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+LINT_DIRS := $(wildcard src tests examples benchmarks)
 
 .PHONY: demo test unit integration lint typecheck bench clean
 
@@ -12,7 +13,7 @@ demo: $(VENV)/.installed
 	$(PY) -m tfonspark.demo $(DEMO_ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff check $(LINT_DIRS)
 	$(PY) -m mypy src
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
@@ -23,7 +24,7 @@ integration: $(VENV)/.installed
 	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff check $(LINT_DIRS)
 
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy src

@@ -197,3 +197,44 @@ def test_two_gigabyte_feed_keeps_node_memory_bounded(sc, tmp_path, no_leftovers)
     assert sum(s["bytes"] for s in stats) == 2048 * 262144 * 4
     for s in stats:
         assert s["peak_mb"] < 400, f"TF process peak RSS {s['peak_mb']:.0f} MB"
+
+
+def _fail_after_feed(args, ctx):
+    import time
+
+    feed = ctx.get_data_feed()
+    while not feed.should_stop():
+        feed.next_batch(100)
+    with open(os.path.join(args, f"failed{ctx.task_index}"), "w") as f:
+        f.write(repr(time.time()))
+    raise RuntimeError("failed after the feed ended")
+
+
+def test_failure_after_the_feed_surfaces_at_shutdown(sc, tmp_path, no_leftovers):
+    rdd = sc.parallelize(range(400), 4).map(lambda i: (np.zeros(4, np.float32), i))
+    cluster = tfonspark.run(sc, _fail_after_feed, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    assert cluster.train(rdd) == 400
+    with pytest.raises(NodeFailed) as info:
+        cluster.shutdown(timeout=120)
+    raised = time.time()
+    failed = min(float(p.read_text()) for p in tmp_path.glob("failed*"))
+    assert raised - failed < 10
+    assert "failed after the feed ended" in info.value.traceback
+
+
+def test_cached_input_is_not_reread_across_epochs(sc, tmp_path, no_leftovers):
+    reads = sc.accumulator(0)
+
+    def touch(i):
+        reads.add(1)
+        return (np.zeros(4, np.float32), i)
+
+    rdd = sc.parallelize(range(1000), 4).map(touch).cache()
+    assert rdd.count() == 1000 and reads.value == 1000
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
+                            reservation_timeout=120)
+    assert cluster.train(rdd, num_epochs=3) == 3000
+    cluster.shutdown(timeout=120)
+    assert reads.value == 1000, "epochs must come from the cache, not recompute the source"
+    rdd.unpersist()
