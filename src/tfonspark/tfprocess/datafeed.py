@@ -54,8 +54,12 @@ class DataFeed:
         self._last: tuple[Stream | None, int] = (None, 0)
 
     # ---- reading -------------------------------------------------------------------------
-    def _fill(self) -> bool:
-        """Make sure a batch is pending; False at the end of the feed."""
+    def _fill(self, stop_at_boundary: bool = False) -> bool:
+        """Make sure a batch is pending; False at the end of the feed.
+
+        With ``stop_at_boundary`` (inference, rows already taken) a partition boundary also
+        returns False, so a batch never mixes rows of two partitions.
+        """
         while self._pending is None:
             if self.done_feeding:
                 return False
@@ -66,14 +70,11 @@ class DataFeed:
             if item is None:  # partition boundary
                 if stream is not None:
                     stream.maybe_finish()
-                if not self.train_mode and self._boundary_matters:
-                    self._boundary_matters = False
+                if stop_at_boundary:
                     return False
                 continue
             self._pending = (stream, item, 0)
         return True
-
-    _boundary_matters = False
 
     def next_columns(self, batch_size: int) -> ColumnBatch | None:
         """Up to ``batch_size`` rows as columns, or None once the feed has ended."""
@@ -82,10 +83,8 @@ class DataFeed:
         parts: list[ColumnBatch] = []
         total = 0
         stream: Stream | None = None
-        self._boundary_matters = False
         while total < batch_size:
-            self._boundary_matters = total > 0
-            if not self._fill():
+            if not self._fill(stop_at_boundary=not self.train_mode and total > 0):
                 break
             assert self._pending is not None
             s, batch, offset = self._pending
@@ -96,7 +95,6 @@ class DataFeed:
             parts.append(batch.slice(offset, offset + take) if (offset or take < batch.count) else batch)
             total += take
             self._pending = None if offset + take == batch.count else (s, batch, offset + take)
-        self._boundary_matters = False
         self._last = (stream, total)
         return _concat(parts) if parts else None
 
