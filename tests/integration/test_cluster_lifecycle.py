@@ -94,6 +94,7 @@ def test_exception_in_map_fun_surfaces_quickly(sc, tmp_path, no_leftovers):
     assert (err.role, err.index) == ("worker", 1)
     assert "ValueError: boom from map_fun" in err.traceback
     assert "worker:1" in str(err) and "boom from map_fun" in str(err)
+    print(f"[measured] map_fun exception surfaced on the driver after {raised_at - failed_at:.2f}s")
     assert raised_at - failed_at < 10, f"failure took {raised_at - failed_at:.1f}s to surface"
 
 
@@ -112,6 +113,7 @@ def test_sigkilled_tf_process_is_reported(sc, no_leftovers):
     with pytest.raises(NodeFailed) as info:
         cluster = tfonspark.run(sc, _killed, None, 2, reservation_timeout=120)
         cluster.shutdown(timeout=300)
+    print(f"[measured] SIGKILL reported {time.monotonic() - start:.2f}s after run() was called")
     assert time.monotonic() - start < 30
     assert info.value.exit_code == -9 and (info.value.role, info.value.index) == ("worker", 0)
     assert "SIGKILL" in str(info.value) and "about to be killed" in info.value.traceback
@@ -121,6 +123,7 @@ def test_too_few_executors_raise_reservation_timeout(sc, no_leftovers):
     start = time.monotonic()
     with pytest.raises(ReservationTimeout) as info:
         tfonspark.run(sc, _describe_node, None, 3, reservation_timeout=3)
+    print(f"[measured] ReservationTimeout(reservation_timeout=3) raised after {time.monotonic() - start:.2f}s")
     assert time.monotonic() - start < 20
     message = str(info.value)
     assert "3" in message and "2" in message and "spark.executor.instances" in message

@@ -122,6 +122,7 @@ def test_node_dying_mid_feed_fails_train_quickly(sc, tmp_path, no_leftovers):
         cluster.train(rdd, feed_timeout=300)
     raised = time.time()
     died = min(float(p.read_text()) for p in tmp_path.glob("died*"))
+    print(f"[measured] node death mid-feed failed train() after {raised - died:.2f}s")
     assert raised - died < 10, f"took {raised - died:.1f}s"
     assert "crashed mid-feed" in info.value.traceback and info.value.role == "worker"
     cluster.shutdown()  # already torn down: a no-op
@@ -195,6 +196,7 @@ def test_two_gigabyte_feed_keeps_node_memory_bounded(sc, tmp_path, no_leftovers)
     cluster.shutdown(timeout=300)
     stats = [json.loads(p.read_text()) for p in tmp_path.glob("rss*.json")]
     assert sum(s["bytes"] for s in stats) == 2048 * 262144 * 4
+    print(f"[measured] 2 GiB feed: TF process peak RSS {[round(s['peak_mb']) for s in stats]} MB")
     for s in stats:
         assert s["peak_mb"] < 400, f"TF process peak RSS {s['peak_mb']:.0f} MB"
 
@@ -219,6 +221,7 @@ def test_failure_after_the_feed_surfaces_at_shutdown(sc, tmp_path, no_leftovers)
         cluster.shutdown(timeout=120)
     raised = time.time()
     failed = min(float(p.read_text()) for p in tmp_path.glob("failed*"))
+    print(f"[measured] failure after the feed surfaced at shutdown() after {raised - failed:.2f}s")
     assert raised - failed < 10
     assert "failed after the feed ended" in info.value.traceback
 
