@@ -56,16 +56,23 @@ def terminate(mgr: Any, qname: str = "input") -> None:
 def export_saved_model(model: Any, export_dir: str, signatures: Any = None, is_chief: bool = True) -> str | None:
     """Export a Keras 3 model or ``tf.Module`` as a SavedModel (TF 2 meaning of the TFoS helper).
 
-    Keras models without explicit ``signatures`` use ``model.export`` (a ``serve`` endpoint and
-    a ``serving_default`` signature); anything else goes through ``tf.saved_model.save``. Only the
-    chief writes (pass ``is_chief=ctx.is_chief`` in multi-worker code); returns the directory.
+    A Keras model built under a distribution strategy is exported through
+    :func:`tfonspark.distribute.checkpoint.export_saved_model`: every worker must call it (the
+    save runs collective ops) and only the chief keeps the result, whatever ``is_chief`` says.
+    Other Keras models without ``signatures`` use ``model.export``; anything else goes through
+    ``tf.saved_model.save``, written only where ``is_chief`` is true. Returns the directory
+    where this node wrote, or None.
     """
     import tensorflow as tf
 
+    if signatures is None and getattr(model, "_distribute_strategy", None) is not None:
+        from .distribute.checkpoint import export_saved_model as export_distributed
+
+        return export_distributed(model, export_dir)
     if not is_chief:
         return None
     if signatures is None and hasattr(model, "export"):
-        model.export(export_dir)
+        model.export(export_dir, verbose=False)
     else:
         tf.saved_model.save(model, export_dir, signatures=signatures)
     return export_dir

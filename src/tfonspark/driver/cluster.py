@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -174,6 +173,8 @@ class Cluster:
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """End the feed, wait for the chief/workers to finish, stop ps/evaluator nodes.
 
+        ``grace_secs`` is how long ps/evaluator nodes get to exit after SIGTERM before SIGKILL.
+
         Raises NodeFailed if any node failed, ShutdownTimeout if workers are still running after
         ``timeout`` seconds (they are stopped either way).
         """
@@ -193,8 +194,8 @@ class Cluster:
             raise ShutdownTimeout(f"TensorFlow workers were still running after timeout={timeout}s; "
                                   "they have been stopped. Raise shutdown(timeout=...) if training "
                                   "needs longer.")
-        if grace_secs:
-            time.sleep(grace_secs)
+        # every chief/worker has exited, so there is nothing left to wait for: grace_secs is the
+        # time ps/evaluator nodes get between SIGTERM and SIGKILL (TFoS slept it unconditionally)
         self.check()
         self._teardown(grace_secs=max(grace_secs, 2.0))
 

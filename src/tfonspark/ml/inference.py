@@ -4,10 +4,12 @@ Driver side, :func:`plan_serving` reads the SavedModel's signature (no TensorFlo
 job), checks ``input_mapping``/``output_mapping`` against it and the DataFrame, and returns a
 small picklable :class:`ServingPlan`; :func:`output_fields` gives the appended columns' types.
 
-Executor side, :func:`serve_batches` is the ``mapInArrow`` function: for each Arrow record batch
-it turns the mapped columns into numpy arrays without per-row Python work, calls the signature
-``batch_size`` rows at a time, and returns the batch's own columns (untouched) plus one column
-per output. The loaded signature is cached per Python worker (:mod:`tfonspark.ml.model_cache`).
+Executor side, :func:`serve_arrays` is a scalar-iterator Arrow UDF (Spark >= 4.1): it receives
+only the mapped columns as Arrow arrays, turns them into numpy arrays without per-row Python
+work, calls the signature ``batch_size`` rows at a time, and returns only the outputs (a struct
+when there are several); the other columns never leave the JVM. On older Spark,
+:func:`serve_batches` does the same as a ``mapInArrow`` function that passes the whole batch
+through. The loaded signature is cached per Python worker (:mod:`tfonspark.ml.model_cache`).
 
 Rules:
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from . import savedmodel
+from .model_cache import load_signature
 from .savedmodel import Signature, TensorSpec, strip_port
 
 __all__ = [
@@ -44,10 +47,12 @@ __all__ = [
     "bind_inputs",
     "bind_outputs",
     "column_array",
+    "output_array",
     "output_fields",
     "outputs_to_arrow",
     "plan_serving",
     "predict",
+    "serve_arrays",
     "serve_batches",
     "spark_type",
 ]
@@ -118,6 +123,9 @@ def bind_inputs(signature: Signature, mapping: Mapping[str, str], columns: list[
             log.info("input_mapping entry %r -> %r ignored: not an input of signature %r",
                      column, tensor, signature.key)
             continue
+        if spec.dtype != "string" and spec.dtype not in _INPUT_NUMPY:
+            raise ConfigError(f"signature input {spec.describe()} has a dtype no DataFrame column can "
+                              f"feed; supported: {sorted(_INPUT_NUMPY) + ['string']}")
         if spec.name in bound:
             raise ConfigError(f"input_mapping maps two columns to signature input {spec.name!r}: "
                               f"{bound[spec.name].column!r} and {column!r}")
@@ -125,6 +133,9 @@ def bind_inputs(signature: Signature, mapping: Mapping[str, str], columns: list[
             raise InputError(f"input_mapping names column {column!r} (for signature input "
                              f"{spec.name!r}) but the DataFrame has columns {columns}", column=column)
         bound[spec.name] = InputBinding(column, spec.name, spec.dtype, spec.shape)
+    if not signature.inputs:
+        raise ConfigError(f"signature {signature.key!r} takes no inputs, so it cannot be served row "
+                          "by row; choose another signature_def_key")
     missing = [s for s in signature.inputs if s.name not in bound]
     if missing:
         raise ConfigError(f"signature {signature.key!r} input(s) {[s.name for s in missing]} have no "
@@ -317,32 +328,57 @@ def _empty_outputs(plan: ServingPlan) -> dict[str, np.ndarray]:
             for o in plan.outputs}
 
 
-def _with_outputs(batch: Any, plan: ServingPlan, outputs: Mapping[str, np.ndarray]) -> Any:
-    """The input record batch with one Arrow column appended per output."""
+def _serve(arrays: list[Any], plan: ServingPlan, partition: int, first_row: int,
+           fn: Any) -> tuple[dict[str, np.ndarray], Any]:
+    """Outputs for one batch of input arrays (in ``plan.inputs`` order); loads the model once."""
+    rows = len(arrays[0]) if arrays else 0
+    if rows == 0:
+        return _empty_outputs(plan), fn
+    fn = fn or load_signature(plan)
+    inputs = {b.tensor: column_array(a, b, partition, first_row) for b, a in zip(plan.inputs, arrays)}
+    return predict(fn, inputs, plan, rows), fn
+
+
+def _partition() -> int:
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    return task.partitionId() if task is not None else 0
+
+
+def serve_arrays(items: Iterator[Any], plan: ServingPlan) -> Iterator[Any]:
+    """Scalar-iterator Arrow UDF: input columns in, the output column (a struct if several) out.
+
+    Only the mapped columns travel to Python and only the outputs travel back; Spark keeps the
+    other columns on the JVM side.
+    """
+    partition, first_row, fn = _partition(), 0, None
+    for item in items:
+        arrays = list(item) if isinstance(item, (tuple, list)) else [item]
+        outputs, fn = _serve(arrays, plan, partition, first_row, fn)
+        yield output_array(plan, outputs)
+        first_row += len(arrays[0])
+
+
+def output_array(plan: ServingPlan, outputs: Mapping[str, np.ndarray]) -> Any:
+    """The UDF result: the single output's array, or a struct of one field per output column."""
     import pyarrow as pa
 
-    arrays = list(batch.columns) + [outputs_to_arrow(outputs[o.tensor], o) for o in plan.outputs]
-    names = list(batch.schema.names) + [o.column for o in plan.outputs]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    arrays = [outputs_to_arrow(outputs[o.tensor], o) for o in plan.outputs]
+    if len(arrays) == 1:
+        return arrays[0]
+    return pa.StructArray.from_arrays(arrays, names=[o.column for o in plan.outputs])
 
 
 def serve_batches(batches: Iterator[Any], plan: ServingPlan) -> Iterator[Any]:
-    """``mapInArrow`` function: each record batch with the signature's outputs appended."""
-    from pyspark import TaskContext
+    """``mapInArrow`` function (Spark without Arrow UDFs): each batch with the outputs appended."""
+    import pyarrow as pa
 
-    from .model_cache import load_signature
-
-    task = TaskContext.get()
-    partition = task.partitionId() if task is not None else 0
-    first_row = 0
-    fn = None
+    partition, first_row, fn = _partition(), 0, None
     for batch in batches:
-        rows = batch.num_rows
-        if rows == 0:
-            yield _with_outputs(batch, plan, _empty_outputs(plan))
-            continue
-        fn = fn or load_signature(plan)
-        inputs = {b.tensor: column_array(batch.column(b.column), b, partition, first_row)
-                  for b in plan.inputs}
-        yield _with_outputs(batch, plan, predict(fn, inputs, plan, rows))
-        first_row += rows
+        arrays = [batch.column(b.column) for b in plan.inputs]
+        outputs, fn = _serve(arrays, plan, partition, first_row, fn)
+        columns = list(batch.columns) + [outputs_to_arrow(outputs[o.tensor], o) for o in plan.outputs]
+        names = list(batch.schema.names) + [o.column for o in plan.outputs]
+        yield pa.RecordBatch.from_arrays(columns, names=names)
+        first_row += batch.num_rows

@@ -2,10 +2,12 @@
 
 ``transform(df)`` keeps every column of ``df`` and appends one column per ``output_mapping``
 entry. Each Spark Python worker loads the SavedModel once and keeps it for later tasks
-(:mod:`tfonspark.ml.model_cache`); rows travel as Arrow record batches (``mapInArrow``) and go
-through the signature ``batch_size`` rows per call. The result schema comes from the signature,
-read on the driver, so ``transform`` starts no Spark job until the result is used. The binding
-rules (names, casts, reshapes, output types) are in :mod:`tfonspark.ml.inference`.
+(:mod:`tfonspark.ml.model_cache`). The mapped columns travel to Python as Arrow batches (a
+scalar-iterator Arrow UDF on Spark >= 4.1, so the other columns stay on the JVM; ``mapInArrow``
+on older Spark) and go through the signature ``batch_size`` rows per call. The result schema
+comes from the signature, read on the driver, so ``transform`` starts no Spark job until the
+result is used. The binding rules (names, casts, reshapes, output types) are in
+:mod:`tfonspark.ml.inference`.
 
 Example (a model trained by :class:`~tfonspark.ml.TFEstimator`, or any SavedModel)::
 
@@ -24,11 +26,12 @@ shows; ``model_dir`` (TF1 checkpoints) is not served.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 from pyspark.ml import Model
 
-from .inference import output_fields, plan_serving, serve_batches
+from .inference import ServingPlan, output_fields, plan_serving, serve_arrays, serve_batches
 from .params import (
     HasBatchSize,
     HasExportDir,
@@ -71,9 +74,17 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
 
     def _transform(self, dataset: Any) -> Any:
         """``dataset`` with the mapped signature outputs appended (lazy: no job runs here)."""
+        plan = self._plan(dataset)
+        if _arrow_udf_available():
+            return _with_arrow_udf(dataset, plan)
         from pyspark.sql.types import StructType
 
-        plan = plan_serving(
+        schema = StructType(list(dataset.schema.fields) + output_fields(plan))
+        return dataset.mapInArrow(functools.partial(serve_batches, plan=plan), schema)
+
+    def _plan(self, dataset: Any) -> ServingPlan:
+        """Bind this model's Params to ``dataset``'s schema and the SavedModel's signature."""
+        return plan_serving(
             dataset.schema,
             export_dir=self.getExportDir(),
             tag_set=self.getTagSet(),
@@ -82,8 +93,6 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             output_mapping=self.getOutputMapping(),
             batch_size=self.getBatchSize(),
         )
-        schema = StructType(list(dataset.schema.fields) + output_fields(plan))
-        return dataset.mapInArrow(functools.partial(serve_batches, plan=plan), schema)
 
     # ---- persistence ---------------------------------------------------------------------------
     def _extra_metadata(self) -> dict[str, Any]:
@@ -94,3 +103,38 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         model = cls()
         model.args = decode_args(metadata.get("tf_args"))
         return model
+
+
+def _arrow_udf_available() -> bool:
+    """Scalar-iterator Arrow UDFs exist from Spark 4.1; older Spark serves through mapInArrow."""
+    try:
+        from pyspark.sql.pandas.functions import ArrowUDFType
+    except ImportError:
+        return False
+    return hasattr(ArrowUDFType, "SCALAR_ITER")
+
+
+def _quoted(name: str) -> str:
+    """A column reference that takes ``name`` literally (dots, spaces, backticks)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _with_arrow_udf(dataset: Any, plan: ServingPlan) -> Any:
+    """Append the outputs with one Arrow UDF call: several outputs come back as one struct."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import arrow_udf
+    from pyspark.sql.pandas.functions import ArrowUDFType
+    from pyspark.sql.types import StructType
+
+    fields = output_fields(plan)
+    return_type: Any = fields[0].dataType if len(fields) == 1 else StructType(fields)
+    with warnings.catch_warnings():  # the UDF type is given explicitly, not by type hints
+        warnings.filterwarnings("ignore", "It is preferred to specify type hints", UserWarning)
+        udf = arrow_udf(functools.partial(serve_arrays, plan=plan), return_type,
+                        ArrowUDFType.SCALAR_ITER)
+    result = udf(*[F.col(_quoted(b.column)) for b in plan.inputs])
+    if len(fields) == 1:
+        return dataset.withColumn(fields[0].name, result)
+    struct = f"__tfonspark_{plan.model_key[:8]}"
+    expanded = [F.col(_quoted(struct)).getField(f.name).alias(f.name) for f in fields]
+    return dataset.withColumn(struct, result).select("*", *expanded).drop(struct)

@@ -244,7 +244,7 @@ def select_signature(graphs: list[MetaGraph], tag_set: str | None, key: str,
         graph = match[0]
     if key not in graph.signatures:
         raise ConfigError(f"signature_def_key={key!r} is not a signature of the SavedModel in "
-                          f"{export_dir!r}. Available: {sorted(graph.signatures)}")
+                          f"{export_dir!r}. Available: {sorted(k for k in graph.signatures if not k.startswith('__'))}")
     return graph.signatures[key]
 
 

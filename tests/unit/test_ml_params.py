@@ -1,0 +1,206 @@
+"""TFEstimator/TFModel Params: TFoS names and defaults, checked values, args merging (no Spark job)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+
+from tfonspark.config import InputMode
+from tfonspark.errors import ConfigError
+from tfonspark.ml import Namespace, TFEstimator, TFModel, TFParams
+from tfonspark.ml.params import HasBatchSize, HasSteps
+
+TFOS_ESTIMATOR_DEFAULTS = {
+    "input_mapping": {}, "cluster_size": 1, "num_ps": 0, "driver_ps_nodes": False,
+    "input_mode": 1, "master_node": "chief", "protocol": "grpc", "tensorboard": False,
+    "model_dir": None, "export_dir": None, "tfrecord_dir": None, "batch_size": 100, "epochs": 1,
+    "readers": 1, "steps": 1000, "grace_secs": 30,
+}
+TFOS_MODEL_DEFAULTS = {
+    "input_mapping": {}, "output_mapping": {}, "batch_size": 100, "model_dir": None,
+    "export_dir": None, "tag_set": None,
+}
+
+
+def _train(args, ctx):
+    return None
+
+
+def _defaults(stage) -> dict:
+    return {p.name: stage.getOrDefault(p) for p in stage.params}
+
+
+def test_estimator_has_tfos_params_with_tfos_defaults():
+    defaults = _defaults(TFEstimator(_train, {}))
+    for name, value in TFOS_ESTIMATOR_DEFAULTS.items():
+        assert defaults[name] == value, name
+    assert defaults["feed_timeout"] == 600
+    assert defaults["signature_def_key"] == "serving_default"
+    assert defaults["output_mapping"] == {} and defaults["tag_set"] is None
+
+
+def test_model_has_tfos_params_and_serves_serving_default():
+    defaults = _defaults(TFModel({}))
+    assert set(defaults) == set(TFOS_MODEL_DEFAULTS) | {"signature_def_key"}
+    for name, value in TFOS_MODEL_DEFAULTS.items():
+        assert defaults[name] == value, name
+    assert defaults["signature_def_key"] == "serving_default"
+
+
+@pytest.mark.parametrize(
+    ("setter", "getter", "value"),
+    [
+        ("setInputMapping", "getInputMapping", {"a": "x"}),
+        ("setOutputMapping", "getOutputMapping", {"y": "out"}),
+        ("setClusterSize", "getClusterSize", 3),
+        ("setNumPS", "getNumPS", 1),
+        ("setDriverPSNodes", "getDriverPSNodes", True),
+        ("setInputMode", "getInputMode", InputMode.TENSORFLOW),
+        ("setMasterNode", "getMasterNode", "master"),
+        ("setProtocol", "getProtocol", "rdma"),
+        ("setGraceSecs", "getGraceSecs", 2.5),
+        ("setTensorboard", "getTensorboard", True),
+        ("setModelDir", "getModelDir", "/m"),
+        ("setExportDir", "getExportDir", "/e"),
+        ("setTFRecordDir", "getTFRecordDir", "/t"),
+        ("setBatchSize", "getBatchSize", 7),
+        ("setEpochs", "getEpochs", 4),
+        ("setReaders", "getReaders", 2),
+        ("setSteps", "getSteps", 50),
+        ("setFeedTimeout", "getFeedTimeout", 30),
+        ("setSignatureDefKey", "getSignatureDefKey", "predict"),
+        ("setTagSet", "getTagSet", "serve,gpu"),
+    ],
+)
+def test_setters_chain_and_getters_read_back(setter, getter, value):
+    estimator = TFEstimator(_train, {})
+    assert getattr(estimator, setter)(value) is estimator
+    assert getattr(estimator, getter)() == value
+
+
+def test_input_mode_is_stored_as_a_plain_int_for_json():
+    estimator = TFEstimator(_train).setInputMode(InputMode.TENSORFLOW)
+    assert type(estimator.getInputMode()) is int and estimator.getInputMode() == 0
+
+
+@pytest.mark.parametrize(
+    ("setter", "value", "expected"),
+    [
+        ("setClusterSize", 0, "cluster_size must be an integer >= 1. Received: cluster_size=0"),
+        ("setBatchSize", True, "batch_size must be an integer >= 1. Received: batch_size=True"),
+        ("setNumPS", -1, "num_ps must be an integer >= 0"),
+        ("setEpochs", 1.5, "epochs must be an integer >= 1. Received: epochs=1.5"),
+        ("setInputMode", 2, "input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). "
+                            "Received: input_mode=2"),
+        ("setMasterNode", "boss", "master_node must be 'chief', 'master' or None. Received: "
+                                  "master_node='boss'"),
+        ("setFeedTimeout", 0, "feed_timeout must be a number of seconds > 0"),
+        ("setGraceSecs", -1, "grace_secs must be a number of seconds >= 0"),
+        ("setExportDir", "", "export_dir must be a non-empty string"),
+        ("setInputMapping", ["a"], "input_mapping must be a dict of str -> str. Received: "
+                                   "input_mapping=['a'] (list)"),
+        ("setOutputMapping", {"y": 1}, "output_mapping must map strings to strings"),
+    ],
+)
+def test_bad_values_raise_config_error_naming_param_and_value(setter, value, expected):
+    with pytest.raises(ConfigError) as info:
+        getattr(TFEstimator(_train), setter)(value)
+    assert expected in str(info.value)
+
+
+def test_none_is_accepted_and_means_not_given():
+    estimator = TFEstimator(_train).setMasterNode(None).setExportDir(None)
+    assert estimator.getMasterNode() is None and estimator.getExportDir() is None
+    estimator.set(estimator.master_node, None)  # Params.set converts None too (used by load)
+    assert estimator.getMasterNode() is None
+
+
+def test_mapping_param_is_a_copy():
+    mapping = {"a": "x"}
+    model = TFModel().setInputMapping(mapping)
+    mapping["b"] = "y"
+    assert model.getInputMapping() == {"a": "x"}
+
+
+def test_namespace_from_dict_namespace_and_argv():
+    d = {"string": "foo", "integer": 1, "array": [1, 2], "map": {"a": 1}}
+    n1 = Namespace(d)
+    assert (n1.string, n1.integer, n1.array, n1.map) == ("foo", 1, [1, 2], {"a": 1})
+    assert "string" in n1 and "extra" not in n1
+    assert sorted(n1) == sorted(d)
+    n2 = Namespace(n1)
+    assert n2 == n1 and n2 is not n1
+    n3 = Namespace(argparse.Namespace(lr=0.1))
+    assert n3.lr == 0.1 and n3 == argparse.Namespace(lr=0.1)
+    argv = ["--foo", "1", "--bar", "x"]
+    n4 = Namespace(argv)
+    assert n4.argv == argv and list(n4) == argv and n4 == argv and "--foo" in n4
+    assert Namespace().to_dict() == {} and n4.to_dict() == {"argv": argv}
+    assert repr(n1).startswith("Namespace(array=[1, 2], integer=1")
+
+
+def test_namespace_rejects_other_types_and_names_missing_arguments():
+    with pytest.raises(ConfigError, match=r"tf_args must be a dict.*Received: int"):
+        Namespace(3)
+    with pytest.raises(AttributeError, match=r"args has no 'missing'; it has \['a'\]"):
+        Namespace({"a": 1}).missing  # noqa: B018
+
+
+def test_merge_args_params_params_win_and_args_are_not_modified():
+    class Foo(TFParams, HasBatchSize, HasSteps):
+        def __init__(self, args):
+            super().__init__()
+            self.args = args
+
+    args = Namespace({"a": 1, "b": 2, "batch_size": 5})
+    merged = Foo(args).setBatchSize(10).setSteps(100).merge_args_params()
+    assert merged == Namespace({"a": 1, "b": 2, "batch_size": 10, "steps": 100})
+    assert args == Namespace({"a": 1, "b": 2, "batch_size": 5})
+
+
+def test_estimator_args_hold_every_param_and_argv_is_kept():
+    merged = TFEstimator(_train, {"lr": 0.1}).setEpochs(3).merge_args_params()
+    assert merged.lr == 0.1 and merged.epochs == 3 and merged.cluster_size == 1
+    assert merged.input_mode == 1 and merged.feed_timeout == 600
+    argv = TFEstimator(_train, ["--lr", "0.1"]).merge_args_params()
+    assert argv.argv == ["--lr", "0.1"] and argv.batch_size == 100
+
+
+def test_fitted_model_copy_takes_the_shared_params():
+    estimator = (TFEstimator(_train, {"lr": 0.1}).setExportDir("/e").setBatchSize(7)
+                 .setOutputMapping({"y": "out"}).setTagSet("serve").setInputMapping({"c": "x"}))
+    model = estimator._copyValues(TFModel(estimator.args))
+    assert (model.getExportDir(), model.getBatchSize(), model.getOutputMapping(), model.getTagSet(),
+            model.getInputMapping()) == ("/e", 7, {"y": "out"}, "serve", {"c": "x"})
+    assert model.args.lr == 0.1 and not model.hasParam("cluster_size")
+
+
+def test_estimator_needs_functions():
+    with pytest.raises(ConfigError, match="train_fn is required"):
+        TFEstimator(None)
+    with pytest.raises(ConfigError, match=r"export_fn must be a function. Received: export_fn='x'"):
+        TFEstimator(_train, {}, export_fn="x")
+
+
+def test_pipeline_module_is_the_tfos_face_of_ml():
+    from tfonspark import ml, pipeline
+
+    assert pipeline.TFEstimator is ml.TFEstimator and pipeline.TFModel is ml.TFModel
+    assert pipeline.Namespace is ml.Namespace
+    assert pipeline.TFTypeConverters.toDict({"a": "b"}) == {"a": "b"}
+
+
+@pytest.mark.parametrize("name", ["tfonspark.ml", "tfonspark.ml.params", "tfonspark.ml.inference",
+                                  "tfonspark.ml.savedmodel", "tfonspark.ml.model_cache",
+                                  "tfonspark.ml.persistence", "tfonspark.ml.estimator",
+                                  "tfonspark.ml.model", "tfonspark.pipeline"])
+def test_exported_members(name):
+    module = importlib.import_module(name)
+    assert module.__all__ == sorted(module.__all__)
+    public = {n for n, v in vars(module).items() if not n.startswith("_")
+              and getattr(v, "__module__", None) == module.__name__ and callable(v)}
+    assert public <= set(module.__all__), public - set(module.__all__)
+    for item in module.__all__:
+        assert hasattr(module, item)
