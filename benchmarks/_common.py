@@ -7,10 +7,12 @@ poll, timing and the result tables. Run the benchmarks themselves, not this modu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import mmap
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -40,12 +42,13 @@ class Shape:
     name: str
     width: int
     rows: int  # default row count
+    tfos_rows: int  # default cap for TFoS, which is slow
     quick_rows: int  # row count for --quick
 
 
 SHAPES = {
-    "mnist": Shape("mnist", 784, 60_000, 4_000),
-    "tabular": Shape("tabular", 32, 300_000, 20_000),
+    "mnist": Shape("mnist", 784, 60_000, 60_000, 4_000),
+    "tabular": Shape("tabular", 32, 300_000, 100_000, 20_000),
 }
 
 
@@ -117,14 +120,19 @@ def cached(data: Any, expected: int) -> Any:
 
 
 # ---- spark -----------------------------------------------------------------------------------
-def fresh_spark() -> tuple[Any, Any]:
-    """A new SparkContext on two executors (the previous one is stopped) and its session."""
+def fresh_spark(reuse: bool = False) -> tuple[Any, Any]:
+    """A new SparkContext on two executors (the previous one is stopped) and its session.
+
+    ``reuse``: keep the running context instead (``--quick`` smoke runs only: measurements
+    need a fresh context per variant).
+    """
     from pyspark.sql import SparkSession
 
     from tfonspark.testing import SparkManager
 
     manager = SparkManager.instance()
-    manager.stop()
+    if not reuse:
+        manager.stop()
     sc = manager.get(MASTER)
     return sc, SparkSession.builder.getOrCreate()
 
@@ -223,15 +231,22 @@ class Counters:
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="tfos-bench-")
+        atexit.register(shutil.rmtree, self.dir, True)
 
     def total(self) -> int:
         total = 0
         for name in os.listdir(self.dir):
+            if not name.startswith("node-"):
+                continue
             with open(os.path.join(self.dir, name), "rb") as f:
                 data = f.read(_COUNT_SIZE)
             if len(data) == _COUNT_SIZE:
                 total += struct.unpack(_COUNT, data)[0]
         return total
+
+    def release(self) -> None:
+        """Let consumers that finished (``NodeCounter.hold``) return."""
+        open(os.path.join(self.dir, "release"), "w").close()
 
     def wait_for(self, target: int, timeout: float) -> float:
         """Block until the counters sum to ``target``; returns the monotonic time it happened."""
@@ -250,6 +265,7 @@ class NodeCounter:
     """The consumer side of :class:`Counters` (used inside the TF process)."""
 
     def __init__(self, directory: str, index: int) -> None:
+        self.dir = directory
         path = os.path.join(directory, f"node-{index}")
         with open(path, "wb") as f:
             f.write(b"\0" * _COUNT_SIZE)
@@ -261,13 +277,122 @@ class NodeCounter:
         self.count += n
         struct.pack_into(_COUNT, self._map, 0, self.count)
 
+    def hold(self, timeout: float = 120.0) -> None:
+        """Keep this (TF) process alive until the driver has measured its CPU time."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(os.path.join(self.dir, "release")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
 
 # ---- timing and reporting ------------------------------------------------------------------------
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds ``fn()`` took, and what it returned."""
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
+_KINDS = (("tfonspark.tfprocess.entry", "tf"), ("tfonspark.executor.supervisor", "supervisor"),
+          ("pyspark.daemon", "pyworker"), ("CoarseGrainedExecutorBackend", "executor-jvm"),
+          ("java", "driver-jvm"))
+
+
+def _kind(proc: Any) -> str:
+    """What a process of the run is (TFoS's TF processes are forks of Python workers)."""
+    cmd = " ".join(proc.cmdline())
+    return next((kind for marker, kind in _KINDS if marker in cmd), "driver")
+
+
+def tree_cpu() -> dict[int, tuple[str, float]] | None:
+    """CPU seconds (user + system) so far of this process and each descendant, by pid.
+
+    That is the driver, its JVM, the executor JVMs, Python workers, supervisors and TF
+    processes: a cost that, unlike wall time, hardly depends on what else the machine runs.
+    """
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            out[proc.pid] = (_kind(proc), times.user + times.system)
+    return out
+
+
+@dataclass
+class Sample:
+    """One timed run: wall seconds, CPU seconds by process kind (None: no psutil), rows."""
+
+    seconds: float
+    cpu_by_kind: dict[str, float] | None
+    rows: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+    @property
+    def cpu(self) -> float | None:
+        return None if self.cpu_by_kind is None else sum(self.cpu_by_kind.values())
+
+    @property
+    def cpu_us_per_row(self) -> float | None:
+        cpu = self.cpu
+        return None if cpu is None or not self.rows else cpu / self.rows * 1e6
+
+    def __str__(self) -> str:
+        text = (f"{self.rows:>9,} rows {self.seconds:7.2f}s {self.rate:>11,.0f} rows/s "
+                f"{fmt_us(self.cpu_us_per_row):>7} CPU us/row")
+        if os.environ.get("TFOS_BENCH_CPU_DETAIL") and self.cpu_by_kind and self.rows:
+            text += " (" + ", ".join(f"{kind} {cpu / self.rows * 1e6:.1f}"
+                                     for kind, cpu in sorted(self.cpu_by_kind.items())) + ")"
+        return text
+
+
+class Meter:
+    """Starts the clocks (wall and per-process CPU of the run) when created."""
+
+    def __init__(self) -> None:
+        self.cpu = tree_cpu()
+        self.start = time.perf_counter()
+
+    def stop(self, at: float | None = None) -> Sample:
+        """The sample up to now (or up to the ``perf_counter`` time ``at``).
+
+        CPU is counted per process: one that started meanwhile counts from zero, one that
+        ended meanwhile is missed (the TF processes are kept alive until this is read).
+        """
+        end = time.perf_counter() if at is None else at
+        now = tree_cpu()
+        if now is None or self.cpu is None:
+            return Sample(end - self.start, None)
+        by_kind: dict[str, float] = {}
+        for pid, (kind, cpu) in now.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + cpu - self.cpu.get(pid, (kind, 0.0))[1]
+        return Sample(end - self.start, by_kind)
+
+
+def fmt_us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def in_background(fn: Callable[[], Any]) -> Callable[[], None]:
+    """Start ``fn`` in a thread; the returned function joins it and re-raises its error."""
+    import threading
+
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the joining thread
+            error.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join()
+        if error:
+            raise error[0]
+
+    return join
 
 
 def load_average() -> str:

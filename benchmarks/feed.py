@@ -10,16 +10,17 @@ alternate within each repetition, and all of them read the same cached rows:
   draining batches
 
 The TF-side consumer is the same in both frameworks (drain batches, count rows), and the clock
-stops once the TF processes have *consumed* every row. Prints rows/s (median of reps), ratios
-and a Markdown table.
+stops once the TF processes have *consumed* every row. Prints rows/s and CPU time per row
+(median of reps), their ratios, and Markdown tables.
 
-    python benchmarks/feed.py                # defaults: < 10 minutes on 2 cores
+    python benchmarks/feed.py                # defaults: < 10 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections import defaultdict
@@ -38,8 +39,11 @@ LABELS = {
     "plain-rdd": "Spark foreachPartition",
     "plain-arrow": "Spark mapInArrow drain",
 }
+#: (numerator, denominator, target) of the reported ratios
+RATIOS = [("rdd", "plain-rdd", 0.8), ("df", "plain-arrow", 0.8), ("rdd", "tfos", 10.0), ("df", "tfos", 10.0)]
 TIMEOUT = 900.0
-WARM_ROWS = 2000
+TFOS_WARM_ROWS = 5000
+NODES = 2
 
 
 # ---- the TF-side consumers (identical work: drain, count) -----------------------------------------
@@ -50,8 +54,9 @@ def consume_tfonspark(args: dict[str, Any], ctx: Any) -> None:
     while True:
         batch = feed.next_columns(args["batch"])
         if batch is None:
-            return
+            break
         counter.add(batch.count)
+    counter.hold()  # stay alive until the driver has read this process's CPU time
 
 
 def consume_tfos(args: dict[str, Any], ctx: Any) -> None:
@@ -85,171 +90,200 @@ def plain_arrow(df: Any) -> int:
     return sum(r[0] for r in df.mapInArrow(drain, "rows long").collect())
 
 
-# ---- one variant on one fresh Spark context ---------------------------------------------------------
+# ---- bookkeeping ----------------------------------------------------------------------------------
 class Run:
-    """The settings of one benchmark invocation."""
+    """The settings and results of one benchmark invocation."""
 
     def __init__(self, opts: argparse.Namespace, tfos: Any) -> None:
         self.opts = opts
         self.shapes = c.parse_shapes(opts.shapes)
         self.tfos = tfos
-        self.rates: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.results: dict[tuple[str, str], list[c.Sample]] = defaultdict(list)
+        self.sc: Any = None
+        self.spark: Any = None
 
     def rows(self, shape: c.Shape, variant: str) -> int:
-        if self.opts.rows:
-            rows = self.opts.rows
-        else:
-            rows = shape.quick_rows if self.opts.quick else shape.rows
-        if variant == "tfos" and self.opts.tfos_rows:
-            rows = min(rows, self.opts.tfos_rows)
+        rows = self.opts.rows or (shape.quick_rows if self.opts.quick else shape.rows)
+        if variant == "tfos":
+            rows = min(rows, self.opts.tfos_rows or (rows if self.opts.quick else shape.tfos_rows))
         return rows
 
-    def datasets(self, sc: Any, spark: Any, variant: str, kind: str) -> dict[str, tuple[Any, int]]:
+    def start_spark(self) -> tuple[Any, Any]:
+        """A fresh SparkContext (and session) for the next variant."""
+        self.sc, self.spark = c.fresh_spark(reuse=self.opts.quick)
+        return self.sc, self.spark
+
+    def datasets(self, variant: str, kind: str) -> dict[str, tuple[Any, int]]:
         """Cached, materialised data per shape: ``kind`` is "rdd" or "df"."""
         out = {}
         for shape in self.shapes:
             n = self.rows(shape, variant)
             if kind == "rdd":
-                data = c.make_rdd(sc, shape, n, self.opts.partitions)
+                data = c.make_rdd(self.sc, shape, n, self.opts.partitions)
             else:
-                data = c.make_dataframe(spark, shape, n, self.opts.partitions)
+                data = c.make_dataframe(self.spark, shape, n, self.opts.partitions)
             out[shape.name] = (c.cached(data, n), n)
         return out
 
-    def warm_up(self, sc: Any, spark: Any, kind: str, feed: Any) -> int:
-        """One small untimed feed per shape (Python workers, imports, connections); rows fed."""
-        for shape in self.shapes:
-            if kind == "rdd":
-                feed(c.make_rdd(sc, shape, WARM_ROWS, 2))
-            else:
-                feed(c.make_dataframe(spark, shape, WARM_ROWS, 2))
-        return WARM_ROWS * len(self.shapes)
+    def record(self, measure: str, shape: str, rows: int, sample: c.Sample) -> None:
+        sample.rows = rows
+        self.results[(measure, shape)].append(sample)
+        print(f"{LABELS[measure]:<24} {shape:<8} {sample}  load {c.load_average()}", flush=True)
 
-    def record(self, measure: str, shape: str, rows: int, seconds: float) -> None:
-        rate = rows / seconds
-        self.rates[(measure, shape)].append(rate)
-        print(f"{LABELS[measure]:<24} {shape:<8} {rows:>9,} rows {seconds:7.2f}s "
-              f"{rate:>12,.0f} rows/s  load {c.load_average()}", flush=True)
+    def median(self, measure: str, shape: str, what: str) -> float | None:
+        """Median rows/s (``what="rate"``) or CPU us per row (``"cpu"``) over the reps."""
+        samples = self.results.get((measure, shape), [])
+        values = [s.rate if what == "rate" else s.cpu_us_per_row for s in samples]
+        return c.median([v for v in values if v is not None])
 
 
-def _fed(cluster_train: Any, counters: c.Counters, base: int, rows: int) -> tuple[float, int]:
-    """Time one ``train`` call until the consumers have counted every row; (seconds, new base)."""
-    start = time.perf_counter()
-    returned = cluster_train()
-    if returned is not None and returned != rows:
-        raise RuntimeError(f"train() delivered {returned} of {rows} rows")
-    done = counters.wait_for(base + rows, TIMEOUT)
-    return done - start, base + rows
-
-
+# ---- the variants -----------------------------------------------------------------------------------
 def run_tfonspark(run: Run, variant: str) -> None:
-    """tfonspark ``train`` of the RDD (``rdd``) or the DataFrame (``df``) of each shape."""
+    """tfonspark ``train`` of the RDD (``rdd``) or the DataFrame (``df``) of each shape.
+
+    A partition counts as delivered once it is buffered in the TF process, so ``train`` can
+    return before the consumers have read everything: the clock runs on until they have,
+    which is seen once ``shutdown`` has closed the feed (so: a new cluster per shape).
+    """
     import tfonspark
 
-    sc, spark = c.fresh_spark()
-    data = run.datasets(sc, spark, variant, variant)
-    counters = c.Counters()
-    args = {"dir": counters.dir, "batch": run.opts.batch}
-    cluster = tfonspark.run(sc, consume_tfonspark, args, 2, input_mode=tfonspark.InputMode.SPARK,
-                            reservation_timeout=300)
-    try:
-        base = run.warm_up(sc, spark, variant, lambda d: cluster.train(d, feed_timeout=TIMEOUT))
-        counters.wait_for(base, TIMEOUT)
-        for shape, (frame, n) in data.items():
-            seconds, base = _fed(lambda f=frame: cluster.train(f, feed_timeout=TIMEOUT), counters, base, n)
-            run.record(variant, shape, n, seconds)
-    finally:
-        cluster.shutdown(timeout=120)
+    run.start_spark()
+    data = run.datasets(variant, variant)
+    for shape in run.shapes:
+        frame, n = data[shape.name]
+        counters = c.Counters()
+        args = {"dir": counters.dir, "batch": run.opts.batch}
+        with c.quiet_stage(f"{variant} {shape.name}: cluster start"):
+            cluster = tfonspark.run(run.sc, consume_tfonspark, args, NODES,
+                                    input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300)
+        try:
+            run.record(variant, shape.name, n, _time_tfonspark(cluster, counters, frame, n, run.opts.batch))
+        finally:
+            counters.release()
+            cluster.shutdown(timeout=120)  # a no-op after a successful run
+
+
+def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int, batch: int) -> c.Sample:
+    """An untimed pass, then time ``train`` + closing the feed until every row was consumed."""
+    train = functools.partial(cluster.train, feed_timeout=TIMEOUT)
+    with c.quiet_stage("warm-up pass"):
+        _check(train(data), n)
+        counters.wait_for(n - NODES * (batch - 1), TIMEOUT)  # all but a partial batch per node
+    meter = c.Meter()
+    _check(train(data), n)
+    returned = time.perf_counter() - meter.start
+    closing = c.in_background(functools.partial(cluster.shutdown, timeout=TIMEOUT))
+    sample = meter.stop(at=counters.wait_for(2 * n, TIMEOUT))
+    print(f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
+          file=sys.stderr, flush=True)
+    counters.release()
+    closing()
+    return sample
 
 
 def run_tfos(run: Run) -> None:
-    """TFoS 2.2.5 ``TFCluster.train`` of the RDD of each shape."""
-    sc, spark = c.fresh_spark()
-    data = run.datasets(sc, spark, "tfos", "rdd")
+    """TFoS 2.2.5 ``TFCluster.train`` of the RDD of each shape (one cluster for all shapes).
+
+    TFoS ``train`` returns only once the TF side has taken every row off its queue, so the
+    call alone is timed; the consumers' counts are checked after ``shutdown``. Its warm-up is
+    a small feed: a full pass would double its long run time, and its cost per row is Python.
+    """
+    run.start_spark()
+    data = run.datasets("tfos", "rdd")
     counters = c.Counters()
     args = {"dir": counters.dir, "batch": run.opts.batch}
-    cluster = run.tfos.run(sc, consume_tfos, args, 2, 0, input_mode=run.tfos.InputMode.SPARK,
-                           reservation_timeout=300)
+    with c.quiet_stage("tfos: cluster start"):
+        cluster = run.tfos.run(run.sc, consume_tfos, args, NODES, 0,
+                               input_mode=run.tfos.InputMode.SPARK, reservation_timeout=300)
+    train = functools.partial(cluster.train, num_epochs=1, feed_timeout=TIMEOUT)
+    fed = 0
     try:
-        base = run.warm_up(sc, spark, "rdd", lambda d: cluster.train(d, num_epochs=1, feed_timeout=TIMEOUT))
-        counters.wait_for(base, TIMEOUT)
-        for shape, (rdd, n) in data.items():
-            seconds, base = _fed(lambda r=rdd: cluster.train(r, num_epochs=1, feed_timeout=TIMEOUT),
-                                 counters, base, n)
-            run.record("tfos", shape, n, seconds)
+        for shape in run.shapes:
+            rdd, n = data[shape.name]
+            with c.quiet_stage("tfos: warm-up"):
+                train(c.make_rdd(run.sc, shape, TFOS_WARM_ROWS, NODES))
+                fed += TFOS_WARM_ROWS
+                counters.wait_for(fed - NODES * (run.opts.batch - 1), TIMEOUT)
+            meter = c.Meter()
+            train(rdd)
+            run.record("tfos", shape.name, n, meter.stop())
+            fed += n
     finally:
-        c.stop_tfos(cluster)
+        with c.quiet_stage("tfos: shutdown"):
+            c.stop_tfos(cluster)
+    counters.wait_for(fed, 60)  # every row really arrived
 
 
 def run_plain(run: Run) -> None:
     """Plain Spark over the same cached RDD and DataFrame: the ceiling for each tfonspark path."""
-    sc, spark = c.fresh_spark()
-    rdds = run.datasets(sc, spark, "plain", "rdd")
-    frames = run.datasets(sc, spark, "plain", "df")
-    run.warm_up(sc, spark, "rdd", lambda d: plain_rdd(sc, d))
-    run.warm_up(sc, spark, "df", plain_arrow)
+    run.start_spark()
+    rdds = run.datasets("plain", "rdd")
+    frames = run.datasets("plain", "df")
     for shape in run.shapes:
-        rdd, n = rdds[shape.name]
-        seconds, seen = c.timed(lambda r=rdd: plain_rdd(sc, r))
-        _check(seen, n)
-        run.record("plain-rdd", shape.name, n, seconds)
-        df, n = frames[shape.name]
-        seconds, seen = c.timed(lambda d=df: plain_arrow(d))
-        _check(seen, n)
-        run.record("plain-arrow", shape.name, n, seconds)
+        for measure, action, (data, n) in (
+                ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
+                ("plain-arrow", plain_arrow, frames[shape.name])):
+            with c.quiet_stage(f"{measure} {shape.name}: warm-up pass"):
+                _check(action(data), n)
+            meter = c.Meter()
+            _check(action(data), n)
+            run.record(measure, shape.name, n, meter.stop())
 
 
 def _check(seen: int, expected: int) -> None:
     if seen != expected:
-        raise RuntimeError(f"plain Spark saw {seen} of {expected} rows")
+        raise RuntimeError(f"{seen} of {expected} rows arrived")
 
 
 # ---- report -----------------------------------------------------------------------------------------
 def report(run: Run, measures: list[str]) -> str:
-    """The Markdown table: median rows/s per measure and shape, then the ratios."""
-    med = {key: c.median(values) for key, values in run.rates.items()}
-    header = ["shape", "rows"] + [LABELS[m] + " rows/s" for m in measures] + \
-        ["RDD / foreachPartition", "DF / mapInArrow", "RDD / TFoS", "DF / TFoS"]
-    rows = []
+    """Two Markdown tables: median rows/s with ratios, and median CPU us per row."""
+    rate_rows, cpu_rows = [], []
+    ratio_names = [f"{LABELS[a].replace('tfonspark ', '')} / {LABELS[b].replace('Spark ', '')}"
+                   for a, b, _ in RATIOS]
     for shape in run.shapes:
-        get = lambda m, s=shape.name: med.get((m, s))  # noqa: E731
-        rows.append([shape.name, f"{run.rows(shape, 'rdd'):,}"] + [c.fmt_rate(get(m)) for m in measures] + [
-            c.fmt_ratio(get("rdd"), get("plain-rdd")), c.fmt_ratio(get("df"), get("plain-arrow")),
-            c.fmt_ratio(get("rdd"), get("tfos")), c.fmt_ratio(get("df"), get("tfos"))])
-    return c.markdown_table(header, rows)
+        rate = {m: run.median(m, shape.name, "rate") for m in LABELS}
+        cpu = {m: run.median(m, shape.name, "cpu") for m in LABELS}
+        head = [shape.name, f"{run.rows(shape, 'rdd'):,}"]
+        rate_rows.append(head + [c.fmt_rate(rate[m]) for m in measures]
+                         + [c.fmt_ratio(rate[a], rate[b]) for a, b, _ in RATIOS])
+        cpu_rows.append(head + [c.fmt_us(cpu[m]) for m in measures]
+                        + [c.fmt_ratio(cpu[b], cpu[a]) for a, b, _ in RATIOS])
+    names = [LABELS[m] for m in measures]
+    header = ["shape", "rows", *names, *ratio_names]
+    return (f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, rate_rows)}\n\n"
+            "CPU microseconds per row, summed over all processes of the run (lower is better; the "
+            "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
+            f"{c.markdown_table(header, cpu_rows)}")
 
 
 def targets(run: Run) -> list[str]:
-    """The issue's targets, each as MET / MISSED / not measured."""
-    med = {key: c.median(values) for key, values in run.rates.items()}
-    checks = []
-    for shape in run.shapes:
-        s = shape.name
-        checks.append((f"{s}: tfonspark RDD >= 0.8x foreachPartition", med.get(("rdd", s)), med.get(("plain-rdd", s)), 0.8))
-        checks.append((f"{s}: tfonspark DF >= 0.8x mapInArrow drain", med.get(("df", s)), med.get(("plain-arrow", s)), 0.8))
-        if s == "tabular":
-            checks.append(("tabular: tfonspark RDD >= 10x TFoS", med.get(("rdd", s)), med.get(("tfos", s)), 10))
-            checks.append(("tabular: tfonspark DF >= 10x TFoS", med.get(("df", s)), med.get(("tfos", s)), 10))
+    """The issue's targets on the median rows/s, each as MET / MISSED / not measured."""
     out = []
-    for name, num, den, goal in checks:
-        if num is None or den is None:
-            out.append(f"- {name}: not measured")
-        else:
-            out.append(f"- {name}: {num / den:.2f}x {'MET' if num / den >= goal else 'MISSED'}")
+    for shape in run.shapes:
+        for a, b, goal in RATIOS:
+            if b == "tfos" and shape.name != "tabular":
+                continue
+            num, den = run.median(a, shape.name, "rate"), run.median(b, shape.name, "rate")
+            name = f"{shape.name}: {LABELS[a]} >= {goal:g}x {LABELS[b]}"
+            out.append(f"- {name}: not measured" if num is None or den is None else
+                       f"- {name}: {num / den:.2f}x {'MET' if num / den >= goal else 'MISSED'}")
     return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=0, help="rows per shape (default: per shape)")
+    p.add_argument("--rows", type=int, default=0, help="rows per shape (default: mnist 60,000, tabular 300,000)")
     p.add_argument("--tfos-rows", type=int, default=0,
-                   help="cap on TFoS rows per shape (it is slow; rows/s is still comparable)")
+                   help="cap on TFoS rows per shape (default: mnist 60,000, tabular 100,000); "
+                        "TFoS is slow and its rows/s does not depend on the row count")
     p.add_argument("--reps", type=int, default=2, help="repetitions of every variant (default 2)")
     p.add_argument("--shapes", default="mnist,tabular", help="comma list of: mnist, tabular")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)}")
     p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
     p.add_argument("--batch", type=int, default=1024, help="consumer batch size (default 1024)")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repetition: a smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: small data, one repetition, one shared Spark context")
     p.add_argument("--no-install", action="store_true",
                    help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
     opts = p.parse_args(argv)
@@ -271,21 +305,25 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(opts, tfos)
     print(f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, variants={variants}, reps={opts.reps}, "
           f"load {c.load_average()}", flush=True)
-    runners = {"tfos": lambda: run_tfos(run), "rdd": lambda: run_tfonspark(run, "rdd"),
-               "df": lambda: run_tfonspark(run, "df"), "plain": lambda: run_plain(run)}
+    runners = {"tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
+               "rdd": functools.partial(run_tfonspark, run, "rdd"),
+               "df": functools.partial(run_tfonspark, run, "df"),
+               "plain": functools.partial(run_plain, run)}
+    started = time.perf_counter()
     try:
         for rep in range(opts.reps):
             for variant in c.rotate(variants, rep):
                 with c.quiet_stage(f"rep {rep + 1}/{opts.reps} {variant}"):
-                    if variant == "tfos":
-                        c.guarded("tfos", runners[variant])
-                    else:
-                        runners[variant]()
+                    runners[variant]()
     finally:
         c.stop_spark()
-    measures = [m for m in LABELS if m in run.rates or m.split("-")[0] in variants]
-    print(f"\n## Feed throughput (median of {opts.reps} reps; load average {c.load_average()})\n")
+    measures = [m for m in LABELS if m.split("-")[0] in variants]
+    print(f"\n## Feed throughput (median of {opts.reps} reps; load average {c.load_average()}; "
+          f"{time.perf_counter() - started:.0f}s in all)\n")
     print(report(run, measures))
+    capped = [f"{s.name} {run.rows(s, 'tfos'):,}" for s in run.shapes if run.rows(s, "tfos") != run.rows(s, "rdd")]
+    if "tfos" in variants and capped:
+        print(f"\n(TFoS ran on fewer rows: {', '.join(capped)}; see --tfos-rows)")
     print()
     print("\n".join(targets(run)))
     return 0

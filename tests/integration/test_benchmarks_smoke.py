@@ -1,0 +1,57 @@
+"""Smoke runs of the benchmarks: they still start, feed, infer and print their tables.
+
+Only tfonspark and plain-Spark variants (no TFoS install), small data, one shared Spark context
+per script (``--quick``). Speed is measured by the benchmarks themselves, never asserted here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 240  # per script; both finish in well under 90 s together on an idle 2-core machine
+
+
+def _run_benchmark(script: str, *args: str) -> str:
+    """Run ``benchmarks/<script> --quick ...``; return its stdout, failing with its output tail."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--no-install", *args]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{script} did not finish within {TIMEOUT}s: {(exc.stdout or b'')[-2000:]!r}")
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _table(out: str) -> tuple[list[str], list[list[str]]]:
+    """The header cells and row cells of the Markdown table printed at the end."""
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(lines) >= 3, f"no Markdown table in the output:\n{out}"
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    return cells[0], cells[2:]
+
+
+@pytest.mark.slow
+def test_feed_benchmark_quick_run_prints_a_table():
+    out = _run_benchmark("feed.py", "--variants", "rdd,df,plain", "--shapes", "tabular")
+    header, rows = _table(out)
+    assert [r[0] for r in rows] == ["tabular"]
+    assert "TFoS 2.2.5 rows/s" not in header
+    rates = dict(zip(header, rows[0]))
+    for column in ("tfonspark RDD", "tfonspark DF", "Spark foreachPartition", "Spark mapInArrow drain"):
+        assert rates[f"{column} rows/s"] != "n/a", rates
+    assert "RDD >= 0.8x foreachPartition" in out
+
+
+@pytest.mark.slow
+def test_inference_benchmark_quick_run_prints_a_table():
+    out = _run_benchmark("inference.py", "--variants", "tfonspark,udf")
+    header, rows = _table(out)
+    rates = dict(zip(header, rows[0]))
+    assert len(rows) == 1 and "TFoS 2.2.5 rows/s" not in header
+    assert rates["tfonspark rows/s"] != "n/a" and rates["predict_batch_udf rows/s"] != "n/a", rates
+    assert "tfonspark >= 1x predict_batch_udf" in out
