@@ -234,6 +234,7 @@ class Counters:
         atexit.register(shutil.rmtree, self.dir, True)
 
     def total(self) -> int:
+        """Rows counted by all consumers so far."""
         total = 0
         for name in os.listdir(self.dir):
             if not name.startswith("node-"):
@@ -274,6 +275,7 @@ class NodeCounter:
         self.count = 0
 
     def add(self, n: int) -> None:
+        """Count ``n`` more rows (visible to the driver at once)."""
         self.count += n
         struct.pack_into(_COUNT, self._map, 0, self.count)
 
@@ -369,6 +371,7 @@ class Meter:
 
 
 def fmt_us(value: float | None) -> str:
+    """Microseconds for a table cell."""
     return "n/a" if value is None else f"{value:,.1f}"
 
 
@@ -396,19 +399,23 @@ def in_background(fn: Callable[[], Any]) -> Callable[[], None]:
 
 
 def load_average() -> str:
+    """The 1, 5 and 15 minute load averages."""
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def median(values: list[float]) -> float | None:
+    """The median, or None for no values."""
     return statistics.median(values) if values else None
 
 
 def fmt_rate(rate: float | None) -> str:
+    """Rows/s for a table cell."""
     return "n/a" if rate is None else f"{rate:,.0f}"
 
 
 def fmt_ratio(num: float | None, den: float | None) -> str:
+    """``num / den`` as ``1.23x`` for a table cell."""
     return "n/a" if num is None or den is None or den == 0 else f"{num / den:.2f}x"
 
 

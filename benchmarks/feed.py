@@ -103,6 +103,7 @@ class Run:
         self.spark: Any = None
 
     def rows(self, shape: c.Shape, variant: str) -> int:
+        """Rows of ``shape`` for ``variant`` (TFoS is capped)."""
         rows = self.opts.rows or (shape.quick_rows if self.opts.quick else shape.rows)
         if variant == "tfos":
             rows = min(rows, self.opts.tfos_rows or (rows if self.opts.quick else shape.tfos_rows))
@@ -126,6 +127,7 @@ class Run:
         return out
 
     def record(self, measure: str, shape: str, rows: int, sample: c.Sample) -> None:
+        """Keep and print one measurement."""
         sample.rows = rows
         self.results[(measure, shape)].append(sample)
         print(f"{LABELS[measure]:<24} {shape:<8} {sample}  load {c.load_average()}", flush=True)
@@ -231,6 +233,7 @@ def run_plain(run: Run) -> None:
 
 
 def _check(seen: int, expected: int) -> None:
+    """Every row must have arrived."""
     if seen != expected:
         raise RuntimeError(f"{seen} of {expected} rows arrived")
 
@@ -272,6 +275,7 @@ def targets(run: Run) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=0, help="rows per shape (default: mnist 60,000, tabular 300,000)")
     p.add_argument("--tfos-rows", type=int, default=0,
@@ -293,6 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every variant ``--reps`` times, alternating, then print the tables."""
     opts = parse_args(argv)
     variants = c.parse_variants(opts.variants, VARIANTS)
     tfos = None

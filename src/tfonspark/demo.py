@@ -181,8 +181,10 @@ def _train(sc: Any, args: argparse.Namespace, dataset: Dataset) -> Message:
         fed = cluster.train(df, num_epochs=node_args.epochs)
         cluster.shutdown(timeout=1800)
     if console.result is None:
-        raise ClusterError("training ended but the chief node sent no result; see the "
-                           "executor logs (work/ under the Spark directory) for its output")
+        from .testing import spark_home
+
+        raise ClusterError("training ended but the chief node sent no result; its output is in "
+                           f"the executor logs (for an embedded cluster: {spark_home()}/work)")
     if fed > console.trained_rows:
         print(f"({fed} rows fed, {console.trained_rows} trained: the rest came after the last "
               "step and was dropped)")

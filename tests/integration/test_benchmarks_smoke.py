@@ -29,7 +29,12 @@ def _run_benchmark(script: str, *args: str) -> str:
 
 def _table(out: str) -> tuple[list[str], list[list[str]]]:
     """The header cells and row cells of the Markdown table printed at the end."""
-    lines = [line for line in out.splitlines() if line.startswith("|")]
+    lines: list[str] = []
+    for line in out.splitlines():  # the first table only (rows/s); a CPU table follows it
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:
+            break
     assert len(lines) >= 3, f"no Markdown table in the output:\n{out}"
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     return cells[0], cells[2:]
@@ -37,21 +42,23 @@ def _table(out: str) -> tuple[list[str], list[list[str]]]:
 
 @pytest.mark.slow
 def test_feed_benchmark_quick_run_prints_a_table():
+    """feed.py measures tfonspark RDD/DF and both plain-Spark limits and prints its table."""
     out = _run_benchmark("feed.py", "--variants", "rdd,df,plain", "--shapes", "tabular")
     header, rows = _table(out)
     assert [r[0] for r in rows] == ["tabular"]
-    assert "TFoS 2.2.5 rows/s" not in header
+    assert "TFoS 2.2.5" not in header, "the TFoS variant was not asked for"
     rates = dict(zip(header, rows[0]))
     for column in ("tfonspark RDD", "tfonspark DF", "Spark foreachPartition", "Spark mapInArrow drain"):
-        assert rates[f"{column} rows/s"] != "n/a", rates
-    assert "RDD >= 0.8x foreachPartition" in out
+        assert rates[column] not in ("", "n/a"), rates
+    assert "tfonspark RDD >= 0.8x Spark foreachPartition" in out
 
 
 @pytest.mark.slow
 def test_inference_benchmark_quick_run_prints_a_table():
+    """inference.py measures tfonspark and predict_batch_udf and prints its table."""
     out = _run_benchmark("inference.py", "--variants", "tfonspark,udf")
     header, rows = _table(out)
     rates = dict(zip(header, rows[0]))
-    assert len(rows) == 1 and "TFoS 2.2.5 rows/s" not in header
-    assert rates["tfonspark rows/s"] != "n/a" and rates["predict_batch_udf rows/s"] != "n/a", rates
+    assert len(rows) == 1 and "TFoS 2.2.5" not in header
+    assert rates["tfonspark"] not in ("", "n/a") and rates["predict_batch_udf"] not in ("", "n/a"), rates
     assert "tfonspark >= 1x predict_batch_udf" in out
