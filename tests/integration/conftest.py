@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import tempfile
 import time
 
 import psutil
@@ -35,6 +38,11 @@ def listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
+def feed_socket_dirs() -> list[str]:
+    """The private directories of the TF processes' Unix feed sockets (wire.framing.listen_unix)."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), "tfos-feed-*"))
+
+
 @pytest.fixture
 def no_leftovers(request, monkeypatch):
     """After the test: no process of the clusters it started, no Spark job still running."""
@@ -48,9 +56,12 @@ def no_leftovers(request, monkeypatch):
         started.append(self.cluster_id)
 
     monkeypatch.setattr(cluster_module.Cluster, "__init__", recording_init)
+    sockets_before = set(feed_socket_dirs())
     yield
     assert wait_until(lambda: not node_processes(started), 20), \
         f"node processes left behind: {[p.info.get('cmdline') for p in node_processes(started)]}"
+    assert wait_until(lambda: not set(feed_socket_dirs()) - sockets_before, 10), \
+        f"feed sockets left behind: {sorted(set(feed_socket_dirs()) - sockets_before)}"
     for name in ("sc", "sc_local", "standalone"):
         if name in request.fixturenames:
             sc = request.getfixturevalue(name)

@@ -111,7 +111,9 @@ def _killed(args, ctx):
 def test_sigkilled_tf_process_is_reported(sc, no_leftovers):
     start = time.monotonic()
     with pytest.raises(NodeFailed) as info:
-        cluster = tfonspark.run(sc, _killed, None, 2, reservation_timeout=120)
+        # SPARK mode: the killed process leaves its feed socket behind for the supervisor to remove
+        cluster = tfonspark.run(sc, _killed, None, 2, reservation_timeout=120,
+                                input_mode=tfonspark.InputMode.SPARK)
         cluster.shutdown(timeout=300)
     print(f"[measured] SIGKILL reported {time.monotonic() - start:.2f}s after run() was called")
     assert time.monotonic() - start < 30

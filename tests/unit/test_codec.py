@@ -105,6 +105,17 @@ def test_pyspark_rows_keep_their_field_names():
     assert batch.columns[0].tolist() == [0, 1, 2, 3] and batch.columns[1].shape == (4, 3)
 
 
+def test_rows_of_tuple_subclasses_and_lists_mix():
+    Point = namedtuple("Point", "x y")
+    batch = pack_rows([Point(1, 2), (3, 4), [5, 6]])
+    assert batch.layout == "tuple" and [c.tolist() for c in batch.columns] == [[1, 3, 5], [2, 4, 6]]
+
+
+def test_array_rows_of_different_float_widths_promote_like_numpy():
+    batch = pack_rows([np.ones(2, np.float32), np.ones(2, np.float64)])
+    assert batch.columns[0].dtype == np.float64 and batch.columns[0].shape == (2, 2)
+
+
 def test_namedtuple_rows_are_tuples():
     Point = namedtuple("Point", "x y")
     batch = pack_rows([Point(1, 2), Point(3, 4)])
@@ -121,6 +132,9 @@ def test_namedtuple_rows_are_tuples():
     ([1, 2, "three"], 0, 2, "type=str"),                  # numbers, then a string
     ([(1, 2.0), (2, "x")], 1, 1, "type=str"),
     ([[1, 2], [3, "x"]], 1, 1, "mixed"),
+    ([np.zeros(3), 5.0], 0, 1, "shape=()"),               # an array column, then a scalar
+    ([(np.zeros(3), 1), (np.zeros(3), 2), (np.zeros(2), 3)], 0, 2, "shape=(2,)"),
+    ([(1, 2)] * 40 + [(1, 2, 3)], None, 40, "expected 2 fields"),  # found past the fast check
 ])
 def test_ragged_or_mixed_rows_name_column_partition_and_row(rows, column, row, words):
     with pytest.raises(InputError) as info:

@@ -68,9 +68,25 @@ def make_server():
 
 
 def feeder_for(server: FeedServer, feed_timeout: float = 20.0, qname: str = "input",
-               secret: bytes = SECRET) -> Feeder:
-    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port)
+               secret: bytes = SECRET, transport: str = "unix") -> Feeder:
+    """A feeder on this executor: over the Unix socket (as in production) or forced onto TCP."""
+    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port,
+                        server.unix_path if transport == "unix" else "")
     return Feeder([target], secret.hex(), qname, feed_timeout)
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def transport(request, monkeypatch):
+    """Run a test over each transport, proving the other one is not used."""
+    if request.param == "unix":
+        def no_tcp(*args, **kwargs):
+            raise AssertionError("a same-executor feed went over TCP")
+        monkeypatch.setattr(feeder_module, "connect", no_tcp)
+    else:
+        def no_unix(*args, **kwargs):
+            raise AssertionError("a TCP feed went over the Unix socket")
+        monkeypatch.setattr(feeder_module, "connect_unix", no_unix)
+    return request.param
 
 
 def close_feed(server: FeedServer, qname: str = "input") -> None:
@@ -129,12 +145,12 @@ def big_rows(total_bytes: int, width: int) -> list[np.ndarray]:
 # ---- training ------------------------------------------------------------------------------------
 
 
-def test_every_row_arrives_exactly_once_across_partitions(make_server):
+def test_every_row_arrives_exactly_once_across_partitions(make_server, transport):
     server = make_server()
     sizes = {0: 1000, 1: 0, 2: 1, 3: 3000, 4: 257}
     partitions = {p: [(p * 100_000 + i, np.full(8, i, np.float32) + p) for i in range(n)]
                   for p, n in sizes.items()}
-    feeding = Bg(feed_all_then_close, server, feeder_for(server), partitions)
+    feeding = Bg(feed_all_then_close, server, feeder_for(server, transport=transport), partitions)
     feed = DataFeed(server, train_mode=True)
     assert not feed.should_stop()
     rows = drain(feed, 128)
@@ -238,9 +254,9 @@ def answer_all(feed: DataFeed, batch_size: int, fn: Callable[[Any], Any], seen: 
     raise AssertionError("the feed never ended")
 
 
-def test_inference_returns_one_result_per_row_in_order(make_server):
+def test_inference_returns_one_result_per_row_in_order(make_server, transport):
     server = make_server()
-    feeder = feeder_for(server)
+    feeder = feeder_for(server, transport=transport)
     sizes = {0: 300, 1: 0, 2: 1000, 3: 512, 4: 1}
     partitions = {p: [(p, i) for i in range(n)] for p, n in sizes.items()}
     feed = DataFeed(server, train_mode=False)
@@ -439,6 +455,52 @@ def test_empty_partitions_need_no_connection(make_server):
     feeder = feeder_for(server)
     assert train(feeder, 0, []) == 0
     assert infer(feeder, 0, []) == []
+
+
+def test_a_missing_unix_socket_falls_back_to_tcp(make_server):
+    """Same executor key but another filesystem (a container): TCP still reaches the node."""
+    server = make_server()
+    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port, "/nonexistent/feed.sock")
+    feeding = Bg(feed_all_then_close, server, Feeder([target], SECRET.hex(), "input", 20), {0: list(range(10))})
+    assert drain(DataFeed(server), 4) == list(range(10))
+    assert feeding.get() == {0: 10}
+
+
+def test_a_node_on_another_executor_is_fed_over_tcp(make_server, monkeypatch):
+    server = make_server()
+    target = FeedTarget("worker:0", "another-executor", "127.0.0.1", server.port, server.unix_path)
+
+    def no_unix(*args, **kwargs):
+        raise AssertionError("the Unix socket of another executor was used")
+
+    monkeypatch.setattr(feeder_module, "connect_unix", no_unix)
+    feeding = Bg(feed_all_then_close, server, Feeder([target], SECRET.hex(), "input", 20), {0: list(range(10))})
+    assert drain(DataFeed(server), 4) == list(range(10))
+    assert feeding.get() == {0: 10}
+
+
+def test_feed_server_removes_its_unix_socket_on_close():
+    server = FeedServer(SECRET)
+    path = server.unix_path
+    assert path and os.path.exists(path) and os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    server.close()
+    assert not os.path.exists(os.path.dirname(path))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_feeding_leaves_the_garbage_collector_as_it_found_it(make_server, enabled):
+    import gc
+
+    server = make_server()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        feeding = Bg(feed_all_then_close, server, feeder_for(server), {0: list(range(5000))})
+        assert len(drain(DataFeed(server), 1000)) == 5000
+        feeding.get()
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_feeder_needs_a_target():

@@ -421,13 +421,118 @@ def test_hmac_is_what_the_docstring_says(pair):
     assert tag == expected.digest()
 
 
+# ---- same-host Unix socket: handshake, then unsigned frames --------------------------------------
+
+
+def unix_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET):
+    """(server_conn, server_exc, client_conn, client_exc, path) over a fresh listen_unix socket."""
+    lis = f.listen_unix("tfos-feed-")
+    assert lis is not None
+    path = lis.getsockname()
+    out: dict = {}
+
+    def serve() -> None:
+        s, _ = lis.accept()
+        try:
+            out["server"] = (f.server_handshake(s, server_secret, timeout=5, signed=False), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            s.close()
+            out["server"] = (None, exc)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    client, client_exc = None, None
+    try:
+        client = f.connect_unix(path, client_secret, timeout=5)
+    except BaseException as exc:  # noqa: BLE001
+        client_exc = exc
+    t.join(10)
+    assert not t.is_alive(), "server handshake hung"
+    lis.close()
+    return (*out["server"], client, client_exc, path)
+
+
+def test_unix_connection_carries_frames_both_ways_without_tags():
+    server, s_exc, client, c_exc, path = unix_pair()
+    try:
+        assert s_exc is None and c_exc is None
+        assert not server.signed and not client.signed
+        assert frame_bytes(client, b"pin") == struct.pack(">I", 3) + b"pin"  # length + payload only
+        client.send(b"hello", memoryview(b" world"))
+        assert bytes(server.recv()) == b"hello world"
+        server.send(b"x" * 200_000)  # larger than the one-write limit
+        assert bytes(client.recv()) == b"x" * 200_000
+    finally:
+        for conn in (server, client):
+            if conn is not None:
+                conn.close()
+        f.remove_unix_socket(path)
+
+
+def test_unix_client_with_the_wrong_secret_is_rejected():
+    server, s_exc, client, c_exc, path = unix_pair(client_secret=OTHER)
+    f.remove_unix_socket(path)
+    assert server is None and isinstance(s_exc, AuthenticationError)
+    assert client is None and c_exc is not None
+
+
+@pytest.mark.parametrize("server_signed", [True, False])
+def test_signed_and_unsigned_ends_never_pair(server_signed):
+    """The channel kind is part of the handshake proof: no end can misread the other's frames."""
+    a, b = socket.socketpair()
+    out: dict = {}
+
+    def serve() -> None:
+        try:
+            out["server"] = f.server_handshake(a, SECRET, timeout=5, signed=server_signed)
+        except BaseException as exc:  # noqa: BLE001
+            out["server"] = exc
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with pytest.raises((AuthenticationError, ConnectionError, OSError)):
+        f.client_handshake(b, SECRET, timeout=5, signed=not server_signed)
+    b.close()
+    t.join(10)
+    a.close()
+    assert isinstance(out["server"], (AuthenticationError, ConnectionError, OSError))
+
+
+def test_unix_socket_lives_in_a_private_directory_and_is_removed():
+    lis = f.listen_unix("tfos-feed-")
+    assert lis is not None
+    path = lis.getsockname()
+    directory = os.path.dirname(path)
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+    lis.close()
+    f.remove_unix_socket(path)
+    assert not os.path.exists(directory)
+
+
+def test_remove_unix_socket_touches_nothing_it_did_not_make(tmp_path):
+    other = tmp_path / "data.txt"
+    other.write_text("keep")
+    f.remove_unix_socket(str(other))
+    f.remove_unix_socket("")
+    assert other.read_text() == "keep"
+
+
+def test_listen_unix_declines_paths_longer_than_the_platform_allows(monkeypatch, tmp_path):
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setattr(f.tempfile, "tempdir", str(deep))
+    assert f.listen_unix("tfos-feed-") is None
+    assert list(deep.iterdir()) == []  # nothing left behind
+
+
 # ---- messages ---------------------------------------------------------------------------------
 
 EXAMPLES = [
     m.Register(executor_id=3, host="10.0.0.1", port=2222, executor_key="abcd", pid=42, cluster_id="c1"),
     m.ClusterReady(job_name="worker", task_index=1, cluster_spec={"ps": ["h:1"], "worker": ["h:2", "h:3"]}),
     m.Reject(reason="no such executor: ünïcødé"),
-    m.NodeUp(executor_id=1, tf_pid=99, data_host="127.0.0.1", data_port=5000, tensorboard_url="http://x"),
+    m.NodeUp(executor_id=1, tf_pid=99, data_host="127.0.0.1", data_port=5000, tensorboard_url="http://x",
+             data_path="/tmp/tfos-feed-x/feed.sock"),
     m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),
     m.Stop(grace_secs=2.5),
     m.Ack(count=7),

@@ -29,7 +29,8 @@ def _targets(cluster: Cluster) -> list[FeedTarget]:
     out = []
     for node in cluster.server.nodes.values():
         if node.role.job_name in DATA_ROLES and node.up is not None and node.up.data_port and not node.finished:
-            out.append(FeedTarget(node.role.name, node.executor_key, node.up.data_host, node.up.data_port))
+            out.append(FeedTarget(node.role.name, node.executor_key, node.up.data_host, node.up.data_port,
+                                  node.up.data_path))
     return out
 
 

@@ -26,7 +26,7 @@ from ..config import NodeConfig
 from ..errors import ProtocolError
 from ..wire import messages as m
 from ..wire.bootstrap import read_bootstrap, write_bootstrap
-from ..wire.framing import Connection, connect
+from ..wire.framing import Connection, connect, remove_unix_socket
 from .host import executor_key, local_ip_towards, reserve_port
 
 STATUS_PREFIX = "TFOS-STATUS "
@@ -51,6 +51,7 @@ class Supervisor:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopping = False
         self.proc: subprocess.Popen | None = None
+        self.data_path = ""  # the TF process's feed socket, removed after it exits
         self._lock = threading.Lock()
 
     def run(self) -> int:
@@ -84,6 +85,7 @@ class Supervisor:
         error = self._relay_status(conn, os.fdopen(status_r, "r"))
         code = self.proc.wait()
         _kill_group(self.proc.pid)  # children it left behind (TensorBoard, helpers)
+        remove_unix_socket(self.data_path)  # left behind if the TF process was killed
         tee.join(timeout=5)
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], self.stopping)
         with contextlib.suppress(OSError):
@@ -123,7 +125,8 @@ class Supervisor:
             if event["event"] == "up":
                 assert self.proc is not None
                 up = m.NodeUp(self.executor_id, self.proc.pid, event["host"], event["data_port"],
-                              event.get("tensorboard_url", ""))
+                              event.get("tensorboard_url", ""), event.get("data_path", ""))
+                self.data_path = up.data_path
                 m.send_message(conn, up)
                 _status("up", tf_pid=self.proc.pid)
             elif event["event"] == "error":

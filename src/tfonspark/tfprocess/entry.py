@@ -67,7 +67,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
         ctx.release_port()
     map_fun, tf_args = cloudpickle.loads(payload)
     _emit(status, "up", host=header["host"], data_port=feed.port if feed else 0,
-          tensorboard_url=ctx.tensorboard_url)
+          data_path=feed.unix_path if feed else "", tensorboard_url=ctx.tensorboard_url)
     try:
         map_fun(tf_args, ctx)
     except BaseException:

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import FeedError, ProtocolError
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch
-from ..wire.framing import Connection, server_handshake
+from ..wire.framing import Connection, listen_unix, remove_unix_socket, server_handshake
 
 __all__ = ["END_FEED", "ByteQueue", "FeedServer", "Stream"]
 
@@ -121,7 +121,12 @@ class ByteQueue:
 
 
 class FeedServer:
-    """Accepts authenticated feed connections and fills one ByteQueue per queue name."""
+    """Accepts authenticated feed connections and fills one ByteQueue per queue name.
+
+    It listens on TCP (signed frames, for feeders on other executors) and, where the platform
+    allows, on a Unix socket in a private directory (``unix_path``; unsigned frames after the
+    handshake, for feeders on this executor: see :mod:`..wire.framing`).
+    """
 
     def __init__(self, secret: bytes, buffer_bytes: int = 64 * 1024 * 1024) -> None:
         self.secret = secret
@@ -134,7 +139,12 @@ class FeedServer:
         self._sock.bind(("", 0))
         self._sock.listen(256)
         self.port = int(self._sock.getsockname()[1])
-        threading.Thread(target=self._accept, daemon=True, name="tfos-feed").start()
+        self._unix = listen_unix("tfos-feed-")
+        self.unix_path = self._unix.getsockname() if self._unix is not None else ""
+        threading.Thread(target=self._accept, args=(self._sock, True), daemon=True, name="tfos-feed").start()
+        if self._unix is not None:
+            threading.Thread(target=self._accept, args=(self._unix, False), daemon=True,
+                             name="tfos-feed-unix").start()
 
     def queue(self, qname: str) -> ByteQueue:
         with self._lock:
@@ -142,18 +152,17 @@ class FeedServer:
                 self._queues[qname] = ByteQueue(self.buffer_bytes)
             return self._queues[qname]
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, signed: bool) -> None:
         while True:
             try:
-                sock, _ = self._sock.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(sock, signed), daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, signed: bool) -> None:
         try:
-            conn = server_handshake(sock, self.secret)
+            conn = server_handshake(sock, self.secret, signed=signed)
         except (OSError, ProtocolError):
             log.warning("feed server: dropped a connection that failed authentication")
             sock.close()
@@ -235,10 +244,14 @@ class FeedServer:
 
     def close(self) -> None:
         self.terminate()
-        with contextlib.suppress(OSError):  # wakes the thread in accept(); close() alone does not
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        for listener in (self._sock, self._unix):
+            if listener is None:
+                continue
+            with contextlib.suppress(OSError):  # wakes the thread in accept(); close() alone does not
+                listener.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                listener.close()
+        remove_unix_socket(self.unix_path)
 
 
 def require_server(mgr: Any) -> FeedServer:

@@ -92,6 +92,7 @@ class NodeUp(Message):
     data_host: str
     data_port: int
     tensorboard_url: str = ""
+    data_path: str = ""  # the data server's Unix socket, for feeders on the same executor
 
 
 @dataclass
