@@ -15,7 +15,7 @@ import pytest
 
 from tfonspark.errors import InputError, ProtocolError
 from tfonspark.executor.arrow import arrow_to_columns, columns_to_arrow
-from tfonspark.wire.codec import ColumnBatch, decode_batch, encode_batch, pack_rows
+from tfonspark.wire.codec import ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 
 
 def round_trip(batch: ColumnBatch) -> ColumnBatch:
@@ -114,6 +114,53 @@ def test_rows_of_tuple_subclasses_and_lists_mix():
 def test_array_rows_of_different_float_widths_promote_like_numpy():
     batch = pack_rows([np.ones(2, np.float32), np.ones(2, np.float64)])
     assert batch.columns[0].dtype == np.float64 and batch.columns[0].shape == (2, 2)
+
+
+# ---- Scratch: large array columns packed into reused memory -----------------------------------------
+
+
+def big_rows(n: int, shape=(784,), dtype=np.float32, start: int = 0) -> list:
+    return [(np.full(shape, start + i, dtype), start + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("shape", [(784,), (28, 28), (4, 8, 8)])
+def test_scratch_packs_the_same_values_as_without(shape):
+    rows = big_rows(50, shape)
+    plain, reused = pack_rows(rows), pack_rows(rows, scratch=Scratch())
+    assert reused.columns[0].shape == (50, *shape) and reused.columns[0].dtype == np.float32
+    np.testing.assert_array_equal(reused.columns[0], plain.columns[0])
+    np.testing.assert_array_equal(reused.columns[1], plain.columns[1])
+    assert round_trip(reused).columns[0].tolist() == plain.columns[0].tolist()
+
+
+def test_scratch_reuses_its_memory_from_batch_to_batch():
+    scratch = Scratch()
+    first = pack_rows(big_rows(40), scratch=scratch).columns[0]
+    second = pack_rows(big_rows(30, start=100), scratch=scratch).columns[0]
+    assert np.shares_memory(first, second)  # no fresh multi-MB allocation per batch
+    assert second[:, 0].tolist() == list(range(100, 130))
+    third = pack_rows(big_rows(80, start=500), scratch=scratch).columns[0]  # grows when needed
+    assert third.shape == (80, 784) and third[:, 0].tolist() == list(range(500, 580))
+
+
+@pytest.mark.parametrize("rows", [
+    [np.zeros(784, np.float32), np.zeros(784, np.float64)],         # dtypes promote, as without
+    [np.zeros(784, np.float32), np.zeros(784, np.float32).view(type("Sub", (np.ndarray,), {}))],
+    [np.zeros(784, np.float32), [0.0] * 784],                          # a list among arrays
+    [np.zeros(8, np.float32), np.zeros(8, np.float32)],                # small values: np.asarray
+])
+def test_scratch_falls_back_to_numpy_rules(rows):
+    assert pack_rows(rows, scratch=Scratch()).columns[0].tolist() == pack_rows(rows).columns[0].tolist()
+
+
+@pytest.mark.parametrize(("rows", "row"), [
+    ([np.zeros(784), np.zeros(784), np.zeros(783)], 2),
+    ([np.zeros((28, 28)), np.zeros((28, 27))], 1),
+])
+def test_scratch_still_names_the_ragged_row(rows, row):
+    with pytest.raises(InputError, match="ragged") as info:
+        pack_rows(rows, partition=3, first_row=10, scratch=Scratch())
+    assert (info.value.partition, info.value.row) == (3, 10 + row)
 
 
 def test_namedtuple_rows_are_tuples():

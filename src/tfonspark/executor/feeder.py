@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import FeedError, FeedTimeout, InputError, ProtocolError
 from ..wire import messages as m
-from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch, pack_rows
+from ..wire.codec import BATCH_KIND, ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 from ..wire.framing import Connection, connect, connect_unix
 from .arrow import arrow_to_columns
 from .host import executor_key
@@ -103,14 +103,18 @@ class Feeder:
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
     def _row_batches(partition: int, rows: Iterator[Any]) -> Iterator[ColumnBatch]:
-        """Pack rows into batches of about 4 MB; a small first batch measures the row size."""
-        size, first_row = 16, 0
+        """Pack rows into batches of about 4 MB; a small first batch measures the row size.
+
+        Large array columns reuse one buffer (:class:`Scratch`): each batch must be sent
+        before the next is asked for.
+        """
+        size, first_row, scratch = 16, 0, Scratch()
         while True:
             with _gc_paused():
                 chunk = list(itertools.islice(rows, size))
                 if not chunk:
                     return
-                batch = pack_rows(chunk, partition, first_row)
+                batch = pack_rows(chunk, partition, first_row, scratch)
                 del chunk  # the rows die here, by reference counting, before the GC runs again
             first_row += batch.count
             per_row = max(batch.nbytes // batch.count, 1)
