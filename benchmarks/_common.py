@@ -441,3 +441,50 @@ def quiet_stage(label: str) -> Iterator[None]:
         yield
     finally:
         print(f"# {label}: {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+
+
+# ---- the command line and the run loop both scripts share ------------------------------------------
+def add_run_args(p: Any, variants: list[str], batch_help: str) -> None:
+    """The options every benchmark takes: repetitions, variants, partitions, batch, quick, install."""
+    p.add_argument("--reps", type=int, default=2, help="repetitions of every variant (default 2)")
+    p.add_argument("--variants", default=",".join(variants), help=f"comma list of: {', '.join(variants)}")
+    p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
+    p.add_argument("--batch", type=int, default=1024, help=f"{batch_help} (default 1024)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: small data, one repetition, one shared Spark context")
+    p.add_argument("--no-install", action="store_true",
+                   help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
+
+
+def quick_defaults(opts: Any, argv: list[str] | None, **values: Any) -> None:
+    """Under ``--quick``, options the user did not give take these values (e.g. ``reps=1``)."""
+    given = argv if argv is not None else sys.argv
+    if opts.quick:
+        for name, value in values.items():
+            if f"--{name}" not in given:
+                setattr(opts, name, value)
+
+
+def selected_variants(opts: Any, known: list[str]) -> tuple[list[str], Any]:
+    """The variants to run and the TFoS module (None, and its variant dropped, if unavailable)."""
+    variants = parse_variants(opts.variants, known)
+    tfos = None
+    if "tfos" in variants:
+        tfos, reason = load_tfos(install=not opts.no_install)
+        if tfos is None:
+            print(f"SKIPPED tfos: {reason}", flush=True)
+            variants.remove("tfos")
+    return variants, tfos
+
+
+def alternate(variants: list[str], reps: int, runners: dict[str, Callable[[], Any]]) -> float:
+    """Run every variant ``reps`` times, rotating the order; stop Spark; return the seconds taken."""
+    started = time.perf_counter()
+    try:
+        for rep in range(reps):
+            for variant in rotate(variants, rep):
+                with quiet_stage(f"rep {rep + 1}/{reps} {variant}"):
+                    runners[variant]()
+    finally:
+        stop_spark()
+    return time.perf_counter() - started

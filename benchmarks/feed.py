@@ -288,23 +288,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tfos-rows", type=int, default=0,
                    help="cap on TFoS rows per shape (default: mnist 60,000, tabular 100,000); "
                         "TFoS is slow and its rows/s does not depend on the row count")
-    p.add_argument("--reps", type=int, default=2, help="repetitions of every variant (default 2)")
     p.add_argument("--shapes", default="mnist,tabular", help="comma list of: mnist, tabular")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)}")
-    p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
-    p.add_argument("--batch", type=int, default=1024, help="consumer batch size (default 1024)")
     p.add_argument("--epochs", type=int, default=3,
                    help="passes over the data in each timed tfonspark/plain job (default 3; TFoS: 1)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: small data, one repetition, one shared Spark context")
-    p.add_argument("--no-install", action="store_true",
-                   help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
+    c.add_run_args(p, VARIANTS, "consumer batch size")
     opts = p.parse_args(argv)
-    given = argv if argv is not None else sys.argv
-    if opts.quick and "--reps" not in given:
-        opts.reps = 1
-    if opts.quick and "--epochs" not in given:
-        opts.epochs = 1
+    c.quick_defaults(opts, argv, reps=1, epochs=1)
     if opts.epochs < 1:
         p.error(f"--epochs must be >= 1. Received: {opts.epochs}")
     return opts
@@ -313,13 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--reps`` times, alternating, then print the tables."""
     opts = parse_args(argv)
-    variants = c.parse_variants(opts.variants, VARIANTS)
-    tfos = None
-    if "tfos" in variants:
-        tfos, reason = c.load_tfos(install=not opts.no_install)
-        if tfos is None:
-            print(f"SKIPPED tfos: {reason}", flush=True)
-            variants.remove("tfos")
+    variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
     print(f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, variants={variants}, reps={opts.reps}, "
@@ -329,18 +312,11 @@ def main(argv: list[str] | None = None) -> int:
                "rdd": functools.partial(run_tfonspark, run, "rdd"),
                "df": functools.partial(run_tfonspark, run, "df"),
                "plain": functools.partial(run_plain, run)}
-    started = time.perf_counter()
-    try:
-        for rep in range(opts.reps):
-            for variant in c.rotate(variants, rep):
-                with c.quiet_stage(f"rep {rep + 1}/{opts.reps} {variant}"):
-                    runners[variant]()
-    finally:
-        c.stop_spark()
+    seconds = c.alternate(variants, opts.reps, runners)
     measures = [m for m in LABELS if m.split("-")[0] in variants]
     print(f"\n## Feed throughput (median of {opts.reps} reps, {opts.epochs} epochs per timed job; "
           f"load average {c.load_average()}; "
-          f"{time.perf_counter() - started:.0f}s in all)\n")
+          f"{seconds:.0f}s in all)\n")
     print(report(run, measures))
     capped = [f"{s.name} {run.rows(s, 'tfos'):,}" for s in run.shapes if run.rows(s, "tfos") != run.rows(s, "rdd")]
     if "tfos" in variants and capped:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -219,46 +218,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=0, help=f"rows (default {SHAPE.rows:,})")
     p.add_argument("--tfos-rows", type=int, default=0,
                    help=f"cap on TFoS rows (default {TFOS_ROWS:,}); its rows/s does not depend on it")
-    p.add_argument("--reps", type=int, default=2, help="repetitions of every variant (default 2)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)}")
-    p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
-    p.add_argument("--batch", type=int, default=1024, help="model batch size (default 1024)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: small data, one repetition, one shared Spark context")
-    p.add_argument("--no-install", action="store_true",
-                   help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
+    c.add_run_args(p, VARIANTS, "model batch size")
     opts = p.parse_args(argv)
-    if opts.quick and "--reps" not in (argv if argv is not None else sys.argv):
-        opts.reps = 1
+    c.quick_defaults(opts, argv, reps=1)
     return opts
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--reps`` times, alternating, then print the tables."""
     opts = parse_args(argv)
-    variants = c.parse_variants(opts.variants, VARIANTS)
-    tfos = None
-    if "tfos" in variants:
-        tfos, reason = c.load_tfos(install=not opts.no_install)
-        if tfos is None:
-            print(f"SKIPPED tfos: {reason}", flush=True)
-            variants.remove("tfos")
+    variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
     print(f"# inference benchmark: {c.MASTER}, {SHAPE.name} rows, variants={variants}, "
           f"reps={opts.reps}, load {c.load_average()}", flush=True)
     runners = {"tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
                "tfonspark": functools.partial(run_tfonspark, run), "udf": functools.partial(run_udf, run)}
-    started = time.perf_counter()
-    try:
-        for rep in range(opts.reps):
-            for variant in c.rotate(variants, rep):
-                with c.quiet_stage(f"rep {rep + 1}/{opts.reps} {variant}"):
-                    runners[variant]()
-    finally:
-        c.stop_spark()
+    seconds = c.alternate(variants, opts.reps, runners)
     print(f"\n## Inference throughput, tabular rows (median of {opts.reps} reps; "
-          f"load average {c.load_average()}; {time.perf_counter() - started:.0f}s in all)\n")
+          f"load average {c.load_average()}; {seconds:.0f}s in all)\n")
     print(report(run, variants))
     if "tfos" in variants and run.variant_rows("tfos") != run.rows:
         print(f"\n(TFoS ran on {run.variant_rows('tfos'):,} rows: --tfos-rows)")

@@ -469,6 +469,21 @@ def test_unix_connection_carries_frames_both_ways_without_tags():
         f.remove_unix_socket(path)
 
 
+def test_unix_connections_ask_for_a_send_buffer_that_holds_a_batch():
+    server, _, client, _, path = unix_pair()
+    try:
+        try:
+            cap = int(Path("/proc/sys/net/core/wmem_max").read_text())
+        except OSError:
+            pytest.skip("no /proc/sys/net/core/wmem_max to compare with")
+        want = min(f._UNIX_SEND_BUFFER, cap)
+        assert client.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= want  # Linux doubles it
+    finally:
+        server.close()
+        client.close()
+        f.remove_unix_socket(path)
+
+
 def test_unix_client_with_the_wrong_secret_is_rejected():
     server, s_exc, client, c_exc, path = unix_pair(client_secret=OTHER)
     f.remove_unix_socket(path)

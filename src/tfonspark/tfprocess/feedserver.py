@@ -18,7 +18,13 @@ from typing import Any
 from ..errors import FeedError, ProtocolError
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch
-from ..wire.framing import Connection, listen_unix, remove_unix_socket, server_handshake
+from ..wire.framing import (
+    Connection,
+    listen_unix,
+    remove_unix_socket,
+    server_handshake,
+    unix_send_buffer,
+)
 
 __all__ = ["END_FEED", "ByteQueue", "FeedServer", "Stream"]
 
@@ -161,6 +167,8 @@ class FeedServer:
             threading.Thread(target=self._serve, args=(sock, signed), daemon=True).start()
 
     def _serve(self, sock: socket.socket, signed: bool) -> None:
+        if not signed:
+            unix_send_buffer(sock)  # inference results flow back on it
         try:
             conn = server_handshake(sock, self.secret, signed=signed)
         except (OSError, ProtocolError):
