@@ -524,6 +524,11 @@ def test_unix_socket_lives_in_a_private_directory_and_is_removed():
     assert not os.path.exists(directory)
 
 
+def test_listen_unix_without_a_writable_temp_dir_means_tcp_only(monkeypatch, tmp_path):
+    monkeypatch.setattr(f.tempfile, "tempdir", str(tmp_path / "missing"))
+    assert f.listen_unix("tfos-feed-") is None
+
+
 def test_remove_unix_socket_touches_nothing_it_did_not_make(tmp_path):
     other = tmp_path / "data.txt"
     other.write_text("keep")

@@ -253,7 +253,10 @@ def listen_unix(prefix: str) -> socket.socket | None:
     """A listening Unix socket in a fresh 0700 directory, or None where none can be had."""
     if not hasattr(socket, "AF_UNIX"):
         return None
-    directory = tempfile.mkdtemp(prefix=prefix)  # mode 0700: only this user can connect
+    try:
+        directory = tempfile.mkdtemp(prefix=prefix)  # mode 0700: only this user can connect
+    except OSError:  # no writable temp dir: feeds use TCP
+        return None
     path = os.path.join(directory, _UNIX_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
