@@ -172,17 +172,18 @@ def run_tfonspark(run: Run, variant: str) -> None:
 
 def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int,
                     opts: argparse.Namespace) -> c.Sample:
-    """An untimed pass, then time ``train`` of ``--epochs`` passes + closing the feed until
-    every row was consumed."""
-    train = functools.partial(cluster.train, feed_timeout=TIMEOUT)
-    with c.quiet_stage("warm-up pass"):
-        _check(train(data), n)
-        counters.wait_for(n - NODES * (opts.batch - 1), TIMEOUT)  # all but a partial batch per node
+    """An untimed job, then the same job timed: ``train`` of ``--epochs`` passes + closing the
+    feed until every row was consumed."""
+    train = functools.partial(cluster.train, num_epochs=opts.epochs, feed_timeout=TIMEOUT)
+    fed = n * opts.epochs
+    with c.quiet_stage("warm-up job"):
+        _check(train(data), fed)
+        counters.wait_for(fed - NODES * (opts.batch - 1), TIMEOUT)  # all but a partial batch per node
     meter = c.Meter()
-    _check(train(data, num_epochs=opts.epochs), n * opts.epochs)
+    _check(train(data), fed)
     returned = time.perf_counter() - meter.start
     closing = c.in_background(functools.partial(cluster.shutdown, timeout=TIMEOUT))
-    sample = meter.stop(at=counters.wait_for(n * (1 + opts.epochs), TIMEOUT))
+    sample = meter.stop(at=counters.wait_for(2 * fed, TIMEOUT))
     print(f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
           file=sys.stderr, flush=True)
     counters.release()
@@ -232,8 +233,8 @@ def run_plain(run: Run) -> None:
         for measure, action, (data, n) in (
                 ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
                 ("plain-arrow", plain_arrow, frames[shape.name])):
-            with c.quiet_stage(f"{measure} {shape.name}: warm-up pass"):
-                _check(action(data), n)
+            with c.quiet_stage(f"{measure} {shape.name}: warm-up job"):
+                _check(action(data, run.opts.epochs), n * run.opts.epochs)
             meter = c.Meter()
             _check(action(data, run.opts.epochs), n * run.opts.epochs)
             run.record(measure, shape.name, n * run.opts.epochs, meter.stop())
