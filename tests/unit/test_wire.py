@@ -52,33 +52,47 @@ def frame_bytes(conn: f.Connection, *parts) -> bytes:
 
 
 class Listener:
-    """A listening socket on 127.0.0.1 whose accepted sockets run ``server_handshake``."""
+    """A listening socket whose accepted sockets run ``server_handshake``: TCP on 127.0.0.1
+    (signed frames) or, with ``unix=True``, a ``listen_unix`` socket (unsigned frames)."""
 
     def __init__(self, secret: bytes = SECRET, max_frame: int = f.DEFAULT_MAX_FRAME,
-                 timeout: float = 5.0) -> None:
-        self.secret, self.max_frame, self.timeout = secret, max_frame, timeout
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
+                 timeout: float = 5.0, unix: bool = False) -> None:
+        self.secret, self.max_frame, self.timeout, self.unix = secret, max_frame, timeout, unix
+        if unix:
+            sock = f.listen_unix("tfos-feed-")
+            assert sock is not None
+            self.sock = sock
+        else:
+            self.sock = socket.socket()
+            self.sock.bind(("127.0.0.1", 0))
+            self.sock.listen(16)
         self.address = self.sock.getsockname()
 
     def accept(self) -> tuple[f.Connection | None, BaseException | None]:
         self.sock.settimeout(10)
         s, _ = self.sock.accept()
         try:
-            return f.server_handshake(s, self.secret, timeout=self.timeout, max_frame=self.max_frame), None
+            return f.server_handshake(s, self.secret, timeout=self.timeout, max_frame=self.max_frame,
+                                      signed=not self.unix), None
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             s.close()
             return None, exc
 
+    def connect(self, secret: bytes, max_frame: int) -> f.Connection:
+        if self.unix:
+            return f.connect_unix(self.address, secret, timeout=5, max_frame=max_frame)
+        return f.connect(self.address, secret, timeout=5, max_frame=max_frame)
+
     def close(self) -> None:
         self.sock.close()
+        if self.unix:  # established connections outlive the socket file
+            f.remove_unix_socket(self.address)
 
 
 def handshake_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET,
-                   max_frame: int = f.DEFAULT_MAX_FRAME):
-    """(server_conn, server_exc, client_conn, client_exc) for one connection on 127.0.0.1."""
-    lis = Listener(server_secret, max_frame)
+                   max_frame: int = f.DEFAULT_MAX_FRAME, unix: bool = False):
+    """(server_conn, server_exc, client_conn, client_exc) for one connection (see Listener)."""
+    lis = Listener(server_secret, max_frame, unix=unix)
     out: dict = {}
 
     def serve() -> None:
@@ -88,7 +102,7 @@ def handshake_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET,
     t.start()
     client, client_exc = None, None
     try:
-        client = f.connect(lis.address, client_secret, timeout=5, max_frame=max_frame)
+        client = lis.connect(client_secret, max_frame)
     except BaseException as exc:  # noqa: BLE001
         client_exc = exc
     t.join(10)
@@ -424,36 +438,8 @@ def test_hmac_is_what_the_docstring_says(pair):
 # ---- same-host Unix socket: handshake, then unsigned frames --------------------------------------
 
 
-def unix_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET):
-    """(server_conn, server_exc, client_conn, client_exc, path) over a fresh listen_unix socket."""
-    lis = f.listen_unix("tfos-feed-")
-    assert lis is not None
-    path = lis.getsockname()
-    out: dict = {}
-
-    def serve() -> None:
-        s, _ = lis.accept()
-        try:
-            out["server"] = (f.server_handshake(s, server_secret, timeout=5, signed=False), None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            s.close()
-            out["server"] = (None, exc)
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    client, client_exc = None, None
-    try:
-        client = f.connect_unix(path, client_secret, timeout=5)
-    except BaseException as exc:  # noqa: BLE001
-        client_exc = exc
-    t.join(10)
-    assert not t.is_alive(), "server handshake hung"
-    lis.close()
-    return (*out["server"], client, client_exc, path)
-
-
 def test_unix_connection_carries_frames_both_ways_without_tags():
-    server, s_exc, client, c_exc, path = unix_pair()
+    server, s_exc, client, c_exc = handshake_pair(unix=True)
     try:
         assert s_exc is None and c_exc is None
         assert not server.signed and not client.signed
@@ -466,27 +452,25 @@ def test_unix_connection_carries_frames_both_ways_without_tags():
         for conn in (server, client):
             if conn is not None:
                 conn.close()
-        f.remove_unix_socket(path)
 
 
 def test_unix_connections_ask_for_a_send_buffer_that_holds_a_batch():
-    server, _, client, _, path = unix_pair()
+    server, _, client, _ = handshake_pair(unix=True)
     try:
         try:
             cap = int(Path("/proc/sys/net/core/wmem_max").read_text())
         except OSError:
             pytest.skip("no /proc/sys/net/core/wmem_max to compare with")
         want = min(f._UNIX_SEND_BUFFER, cap)
-        assert client.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= want  # Linux doubles it
+        for conn in (client, server):  # both ends send: batches one way, inference results back
+            assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= want  # Linux doubles it
     finally:
         server.close()
         client.close()
-        f.remove_unix_socket(path)
 
 
 def test_unix_client_with_the_wrong_secret_is_rejected():
-    server, s_exc, client, c_exc, path = unix_pair(client_secret=OTHER)
-    f.remove_unix_socket(path)
+    server, s_exc, client, c_exc = handshake_pair(client_secret=OTHER, unix=True)
     assert server is None and isinstance(s_exc, AuthenticationError)
     assert client is None and c_exc is not None
 

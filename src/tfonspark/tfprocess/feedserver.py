@@ -23,7 +23,6 @@ from ..wire.framing import (
     listen_unix,
     remove_unix_socket,
     server_handshake,
-    unix_send_buffer,
 )
 
 __all__ = ["END_FEED", "ByteQueue", "FeedServer", "Stream"]
@@ -167,8 +166,6 @@ class FeedServer:
             threading.Thread(target=self._serve, args=(sock, signed), daemon=True).start()
 
     def _serve(self, sock: socket.socket, signed: bool) -> None:
-        if not signed:
-            unix_send_buffer(sock)  # inference results flow back on it
         try:
             conn = server_handshake(sock, self.secret, signed=signed)
         except (OSError, ProtocolError):

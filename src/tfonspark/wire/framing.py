@@ -173,6 +173,8 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
     ``signed=False`` only for a Unix socket (see the module docstring).
     """
     _no_delay(sock)
+    if not signed:
+        unix_send_buffer(sock)  # results flow back on it (inference)
     sock.settimeout(timeout)
     server_nonce = os.urandom(NONCE)
     sock.sendall(MAGIC + bytes([VERSION]) + server_nonce)
