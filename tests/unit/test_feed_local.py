@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -501,6 +504,31 @@ def test_feeding_leaves_the_garbage_collector_as_it_found_it(make_server, enable
         assert gc.isenabled() == enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_spark_worker_freezes_its_long_lived_objects_once():
+    """In a Spark task the feeder moves the worker's objects out of the cyclic GC's sight (in a
+    child process: freezing is global); outside Spark it leaves the GC alone."""
+    script = textwrap.dedent("""
+        import gc, weakref
+        import pyspark
+        from tfonspark.executor import feeder
+        feeder._freeze_worker_heap()
+        assert gc.get_freeze_count() == 0, "froze outside a Spark task"
+        pyspark.TaskContext.get = staticmethod(lambda: object())  # as inside a task
+        feeder._freeze_worker_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000, frozen  # pyspark, numpy and tfonspark's objects
+        feeder._freeze_worker_heap()
+        assert gc.get_freeze_count() == frozen, "froze twice"
+        class Node: pass
+        node = Node(); node.me = node; alive = weakref.ref(node); del node
+        gc.collect()
+        assert alive() is None, "a cycle made after the freeze was not collected"
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_feeder_needs_a_target():

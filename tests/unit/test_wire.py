@@ -639,3 +639,63 @@ def test_bootstrap_truncated_is_a_protocol_error(cut):
     data = stream.getvalue()
     with pytest.raises(ProtocolError, match="truncated"):
         bootstrap.read_bootstrap(io.BytesIO(data[:cut]))
+
+
+# ---- reused receive buffers ------------------------------------------------------------------------
+
+BIG = 1024 * 1024
+
+
+def test_recv_buffers_reuse_memory_once_no_view_of_it_is_alive():
+    pool = f.RecvBuffers(16 * BIG)
+    first = pool.take(4 * BIG)
+    first[:5] = b"first"
+    held = np.frombuffer(first[:5], np.uint8)  # a decoded batch is a numpy view like this
+    del first
+    second = pool.take(4 * BIG)
+    assert bytes(second[:5]) == bytes(5)  # the viewed buffer was not handed out again
+    del second
+    assert bytes(held) == b"first" and pool.nbytes == 8 * BIG
+    del held
+    again = pool.take(3 * BIG)  # smaller frames fit in a free buffer (up to half its size)
+    assert len(again) == 3 * BIG and bytes(again[:5]) in (b"first", bytes(5))
+    assert pool.nbytes == 8 * BIG  # nothing new was allocated
+
+
+def test_recv_buffers_keep_within_their_capacity():
+    pool = f.RecvBuffers(10 * BIG)
+    views = [pool.take(4 * BIG) for _ in range(5)]  # all in use: only two fit in the pool
+    assert all(len(v) == 4 * BIG for v in views)
+    assert pool.nbytes == 8 * BIG
+    del views
+    assert len(pool.take(BIG)) == BIG  # free 4 MB buffers are too large for it; no room for a third
+    big = pool.take(8 * BIG)  # free buffers that do not fit make room
+    assert len(big) == 8 * BIG and pool.nbytes <= 10 * BIG
+
+
+def test_recv_buffers_leave_small_and_huge_frames_to_fresh_memory():
+    pool = f.RecvBuffers(4 * BIG)
+    assert len(pool.take(100)) == 100 and len(pool.take(5 * BIG)) == 5 * BIG
+    assert pool.nbytes == 0
+
+
+@pytest.mark.parametrize("unix", [False, True])
+def test_payloads_stay_intact_while_later_frames_reuse_buffers(unix):
+    server, _, client, _ = handshake_pair(unix=unix)
+    try:
+        server.settimeout(5)
+        server.buffers = f.RecvBuffers(8 * BIG)
+        kept = []
+        for i in range(6):
+            sender = threading.Thread(target=client.send, args=(np.full(BIG // 4, i, np.float32),))
+            sender.start()
+            arr = np.frombuffer(server.recv(), np.float32)
+            sender.join(5)
+            if i % 2 == 0:
+                kept.append((i, arr))  # held like a batch the consumer has not let go of
+            del arr
+        assert all((arr == i).all() for i, arr in kept)
+        assert server.buffers.nbytes <= 5 * BIG  # released frames were reused
+    finally:
+        server.close()
+        client.close()

@@ -137,6 +137,7 @@ class Feeder:
         return count
 
     def _train(self, partition: int, batches: Iterator[ColumnBatch]) -> int:
+        _freeze_worker_heap()
         first = next(batches, None)
         if first is None:  # empty partitions need no connection
             return 0
@@ -171,6 +172,7 @@ class Feeder:
     # ---- inference ---------------------------------------------------------------------------
     def _infer(self, partition: int, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
         """Send the partition from a thread while results stream back here, in order."""
+        _freeze_worker_heap()
         first = next(batches, None)
         if first is None:
             return
@@ -240,6 +242,29 @@ class Feeder:
                 yield columns_to_arrow(result, schema_json)
 
         return run
+
+
+_heap_frozen = False
+
+
+def _freeze_worker_heap() -> None:
+    """Once per Python worker: move the objects alive now out of the cyclic GC's sight.
+
+    A reused PySpark worker runs a full ``gc.collect()`` after every task. With pyspark, numpy
+    and pyarrow loaded that walks ~40k long-lived objects (10-15 ms): ~1.5-2.5 us per row of a
+    7,500-row MNIST partition, as much as packing the row. Frozen objects are never collected;
+    they are modules and their state, alive as long as the worker. Objects made later are
+    collected as usual. Outside a Spark task (a feeder run in-process) nothing is frozen.
+    """
+    global _heap_frozen
+    if _heap_frozen:
+        return
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return
+    _heap_frozen = True
+    gc.freeze()  # O(1); the worker collected after its last task, so little garbage is kept
 
 
 @contextlib.contextmanager

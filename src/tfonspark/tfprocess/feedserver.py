@@ -20,6 +20,7 @@ from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch
 from ..wire.framing import (
     Connection,
+    RecvBuffers,
     listen_unix,
     remove_unix_socket,
     server_handshake,
@@ -140,6 +141,8 @@ class FeedServer:
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
+        # frames are reused once consumed: the queue's bytes, plus one frame being received
+        self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("", 0))
         self._sock.listen(256)
@@ -172,6 +175,7 @@ class FeedServer:
             log.warning("feed server: dropped a connection that failed authentication")
             sock.close()
             return
+        conn.buffers = self._buffers
         keep_open = False
         try:
             msg = m.recv_message(conn, m.FeedStart, m.FeedClose)
