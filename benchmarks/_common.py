@@ -450,6 +450,10 @@ def add_run_args(p: Any, variants: list[str], batch_help: str) -> None:
     p.add_argument("--variants", default=",".join(variants), help=f"comma list of: {', '.join(variants)}")
     p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
     p.add_argument("--batch", type=int, default=1024, help=f"{batch_help} (default 1024)")
+    p.add_argument("--warmup", type=float, default=15.0,
+                   help="seconds of identical untimed jobs before each timed one (default 15): "
+                        "the JVMs' JIT compilers take about that long to stop competing for the "
+                        "cores, and until then the ratios depend on the order of the variants")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: small data, one repetition, one shared Spark context")
     p.add_argument("--no-install", action="store_true",
@@ -475,6 +479,15 @@ def selected_variants(opts: Any, known: list[str]) -> tuple[list[str], Any]:
             print(f"SKIPPED tfos: {reason}", flush=True)
             variants.remove("tfos")
     return variants, tfos
+
+
+def warm_up(job: Callable[[], Any], seconds: float) -> int:
+    """Run ``job`` once, then again until ``seconds`` have passed; return how many times it ran."""
+    start, runs = time.perf_counter(), 0
+    while runs == 0 or time.perf_counter() - start < seconds:
+        job()
+        runs += 1
+    return runs
 
 
 def alternate(variants: list[str], reps: int, runners: dict[str, Callable[[], Any]]) -> float:

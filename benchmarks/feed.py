@@ -13,10 +13,12 @@ The TF-side consumer is the same in both frameworks (drain batches, count rows),
 stops once the TF processes have *consumed* every row. tfonspark and plain Spark pass over the
 data ``--epochs`` times in one job (a union of the cached data, as ``train(num_epochs=...)``
 does), so that a job's fixed start-up cost does not decide the ratio; TFoS runs one epoch (its
-rows/s does not depend on it, and it is slow). Prints rows/s and CPU time per row
-(median of reps), their ratios, and Markdown tables.
+rows/s does not depend on it, and it is slow). Each timed job follows ``--warmup`` seconds of
+the identical job, untimed: a fresh JVM's JIT compilers take about that long to stop competing
+for the cores. Prints rows/s and CPU time per row (median of reps), their ratios, and Markdown
+tables.
 
-    python benchmarks/feed.py                # defaults: < 10 minutes on 2 idle cores
+    python benchmarks/feed.py                # defaults: about 15 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
 """
 
@@ -172,18 +174,25 @@ def run_tfonspark(run: Run, variant: str) -> None:
 
 def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int,
                     opts: argparse.Namespace) -> c.Sample:
-    """An untimed job, then the same job timed: ``train`` of ``--epochs`` passes + closing the
-    feed until every row was consumed."""
+    """``--warmup`` seconds of untimed jobs, then the same job timed: ``train`` of ``--epochs``
+    passes + closing the feed until every row was consumed."""
     train = functools.partial(cluster.train, num_epochs=opts.epochs, feed_timeout=TIMEOUT)
     fed = n * opts.epochs
-    with c.quiet_stage("warm-up job"):
+    jobs = 0
+
+    def job() -> None:
+        nonlocal jobs
         _check(train(data), fed)
-        counters.wait_for(fed - NODES * (opts.batch - 1), TIMEOUT)  # all but a partial batch per node
+        jobs += 1
+        counters.wait_for(jobs * fed - NODES * (opts.batch - 1), TIMEOUT)  # all but a partial batch per node
+
+    with c.quiet_stage("warm-up jobs"):
+        c.warm_up(job, opts.warmup)
     meter = c.Meter()
     _check(train(data), fed)
     returned = time.perf_counter() - meter.start
     closing = c.in_background(functools.partial(cluster.shutdown, timeout=TIMEOUT))
-    sample = meter.stop(at=counters.wait_for(2 * fed, TIMEOUT))
+    sample = meter.stop(at=counters.wait_for((jobs + 1) * fed, TIMEOUT))
     print(f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
           file=sys.stderr, flush=True)
     counters.release()
@@ -233,8 +242,9 @@ def run_plain(run: Run) -> None:
         for measure, action, (data, n) in (
                 ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
                 ("plain-arrow", plain_arrow, frames[shape.name])):
-            with c.quiet_stage(f"{measure} {shape.name}: warm-up job"):
-                _check(action(data, run.opts.epochs), n * run.opts.epochs)
+            with c.quiet_stage(f"{measure} {shape.name}: warm-up jobs"):
+                c.warm_up(lambda: _check(action(data, run.opts.epochs), n * run.opts.epochs),  # noqa: B023
+                          run.opts.warmup)
             meter = c.Meter()
             _check(action(data, run.opts.epochs), n * run.opts.epochs)
             run.record(measure, shape.name, n * run.opts.epochs, meter.stop())
@@ -294,7 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="passes over the data in each timed tfonspark/plain job (default 3; TFoS: 1)")
     c.add_run_args(p, VARIANTS, "consumer batch size")
     opts = p.parse_args(argv)
-    c.quick_defaults(opts, argv, reps=1, epochs=1)
+    c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0)
     if opts.epochs < 1:
         p.error(f"--epochs must be >= 1. Received: {opts.epochs}")
     return opts

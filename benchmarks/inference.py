@@ -117,7 +117,7 @@ def _noop_write(df: Any) -> None:
 
 
 def run_tfonspark(run: Run) -> None:
-    """tfonspark ``Cluster.inference(df)``: warm-up, check, an untimed pass, then the timed one."""
+    """tfonspark ``Cluster.inference(df)``: warm-up, check, ``--warmup`` seconds of untimed passes, the timed one."""
     import tfonspark
 
     stage = c.quiet_stage
@@ -128,9 +128,9 @@ def run_tfonspark(run: Run) -> None:
                                 input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300)
     try:
         infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT, output_schema="prediction float")
-        with stage("tfonspark: warm-up, check and untimed pass"):
+        with stage("tfonspark: warm-up, check and untimed passes"):
             _check([r.prediction for r in infer(warm).collect()], warm)
-            _noop_write(infer(df))
+            c.warm_up(lambda: _noop_write(infer(df)), run.opts.warmup)
         meter = c.Meter()
         _noop_write(infer(df))
         run.record("tfonspark", n, meter.stop())
@@ -168,7 +168,7 @@ def make_predict_fn() -> Any:
 
 
 def run_udf(run: Run) -> None:
-    """``predict_batch_udf`` over the same data: warm-up, check, untimed pass, timed pass."""
+    """``predict_batch_udf`` over the same data: warm-up, check, ``--warmup`` s of untimed passes, timed pass."""
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql.types import FloatType
 
@@ -177,9 +177,9 @@ def run_udf(run: Run) -> None:
     udf = predict_batch_udf(make_predict_fn, return_type=FloatType(), batch_size=run.opts.batch,
                             input_tensor_shapes=[[SHAPE.width]])
     score = lambda d: d.select(udf("features").alias("prediction"))  # noqa: E731
-    with c.quiet_stage("udf: warm-up, check and untimed pass"):
+    with c.quiet_stage("udf: warm-up, check and untimed passes"):
         _check([r.prediction for r in score(warm).collect()], warm)
-        _noop_write(score(df))
+        c.warm_up(lambda: _noop_write(score(df)), run.opts.warmup)
     meter = c.Meter()
     _noop_write(score(df))
     run.record("udf", n, meter.stop())
@@ -220,7 +220,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"cap on TFoS rows (default {TFOS_ROWS:,}); its rows/s does not depend on it")
     c.add_run_args(p, VARIANTS, "model batch size")
     opts = p.parse_args(argv)
-    c.quick_defaults(opts, argv, reps=1)
+    c.quick_defaults(opts, argv, reps=1, warmup=0)
     return opts
 
 
