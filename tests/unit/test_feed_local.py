@@ -171,6 +171,27 @@ def test_every_row_arrives_exactly_once_across_partitions(make_server, transport
     assert server.queue("input").nbytes == 0
 
 
+def test_batches_the_consumer_keeps_stay_intact_while_frames_are_reused(make_server, transport):
+    """Large frames land in reused buffers: batches still held keep their rows, dropped ones
+    give their memory back, and the pool stays within the queue's bytes + 8 MB."""
+    server = make_server(buffer_bytes=8 * MB)
+    partitions = {p: [(p * 100_000 + i, np.full(1024, p * 100_000 + i, np.float32)) for i in range(3000)]
+                  for p in range(4)}  # 12 MB per partition: frames of ~4 MB
+    feeding = Bg(feed_all_then_close, server, feeder_for(server, transport=transport), partitions)
+    feed = DataFeed(server, train_mode=True)
+    kept, seen = [], 0
+    while (batch := feed.next_columns(700)) is not None:
+        ids, features = batch.columns
+        if seen % 2 == 0:
+            kept.append((ids, features))  # views of the received frames, held on purpose
+        seen += 1
+    assert feeding.get() == {p: 3000 for p in partitions}
+    for ids, features in kept:
+        assert (features == ids[:, None].astype(np.float32)).all()
+    assert sum(len(ids) for ids, _ in kept) > 5000
+    assert 0 < server._buffers.nbytes <= 16 * MB
+
+
 def test_next_batch_returns_lists_of_rows_and_a_short_last_batch(make_server):
     server = make_server()
     feeding = Bg(feed_all_then_close, server, feeder_for(server), {0: list(range(250))})
