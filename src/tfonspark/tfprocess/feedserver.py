@@ -141,7 +141,7 @@ class FeedServer:
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
-        # frames are reused once consumed: the queue's bytes, plus one frame being received
+        # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("", 0))
