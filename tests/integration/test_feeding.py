@@ -50,6 +50,9 @@ def test_rdd_feed_delivers_every_row_each_epoch(sc, tmp_path, no_leftovers):
     assert rows == 9000 and label_sum == 3 * sum(range(3000))
     assert all(p["shapes"] == [[784]] for p in parts)
     assert all(p["rows"] > 0 for p in parts), "each node should get partitions"
+    # the reused Python workers that fed froze their long-lived objects (feeder._freeze_worker_heap)
+    frozen = sc.parallelize(range(4), 4).map(lambda _: __import__("gc").get_freeze_count()).collect()
+    assert max(frozen) > 10_000, frozen
 
 
 def test_dataframe_feed_via_arrow(spark, tmp_path, no_leftovers):
