@@ -455,7 +455,7 @@ def add_run_args(p: Any, variants: list[str], batch_help: str) -> None:
                         "the JVMs' JIT compilers take about that long to stop competing for the "
                         "cores, and until then the ratios depend on the order of the variants")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: small data, one repetition, one shared Spark context")
+                   help="smoke run: small data, one repetition, no warm-up, one shared Spark context")
     p.add_argument("--no-install", action="store_true",
                    help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
 
@@ -481,13 +481,12 @@ def selected_variants(opts: Any, known: list[str]) -> tuple[list[str], Any]:
     return variants, tfos
 
 
-def warm_up(job: Callable[[], Any], seconds: float) -> int:
-    """Run ``job`` once, then again until ``seconds`` have passed; return how many times it ran."""
-    start, runs = time.perf_counter(), 0
-    while runs == 0 or time.perf_counter() - start < seconds:
+def warm_up(job: Callable[[], Any], seconds: float) -> None:
+    """Run ``job`` once, then again until ``seconds`` have passed."""
+    start = time.perf_counter()
+    job()
+    while time.perf_counter() - start < seconds:
         job()
-        runs += 1
-    return runs
 
 
 def alternate(variants: list[str], reps: int, runners: dict[str, Callable[[], Any]]) -> float:

@@ -18,7 +18,7 @@ the identical job, untimed: a fresh JVM's JIT compilers take about that long to 
 for the cores. Prints rows/s and CPU time per row (median of reps), their ratios, and Markdown
 tables.
 
-    python benchmarks/feed.py                # defaults: about 15 minutes on 2 idle cores
+    python benchmarks/feed.py                # defaults: about 10 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
 """
 
