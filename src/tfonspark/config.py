@@ -36,6 +36,9 @@ class NodeConfig:
     chief_job: str = "worker"
     feed_buffer_bytes: int = 64 * 1024 * 1024
     tensorboard_port: int = 0
+    bind_host: str = ""  # where node servers bind; "" = the node's advertised address
+    heartbeat_secs: float = 5.0  # supervisor <-> driver liveness messages
+    heartbeat_timeout: float = 60.0  # silence after which the other side is taken as gone
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):

@@ -535,6 +535,8 @@ EXAMPLES = [
     m.Register(executor_id=3, host="10.0.0.1", port=2222, executor_key="abcd", pid=42, cluster_id="c1"),
     m.ClusterReady(job_name="worker", task_index=1, cluster_spec={"ps": ["h:1"], "worker": ["h:2", "h:3"]}),
     m.Reject(reason="no such executor: ünïcødé"),
+    m.Heartbeat(),
+    m.NodeEvent(executor_id=1, kind="feed_stalled", detail={"partition": 3, "seconds": 2.5}),
     m.NodeUp(executor_id=1, tf_pid=99, data_host="127.0.0.1", data_port=5000, tensorboard_url="http://x",
              data_path="/tmp/tfos-feed-x/feed.sock"),
     m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),

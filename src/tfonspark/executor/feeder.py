@@ -108,6 +108,9 @@ class Feeder:
         Large array columns reuse one buffer (:class:`Scratch`): each batch must be sent
         before the next is asked for.
         """
+        # PySpark may hand a partition as a re-iterable (a ``range`` from ``parallelize``, the
+        # list a user's ``mapPartitions`` returned): islice on it would restart at row 0 forever
+        rows = iter(rows)
         size, first_row, scratch = 16, 0, Scratch()
         while True:
             with _gc_paused():

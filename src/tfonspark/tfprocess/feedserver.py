@@ -13,6 +13,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import FeedError, ProtocolError
@@ -134,17 +135,19 @@ class FeedServer:
     handshake, for feeders on this executor: see :mod:`..wire.framing`).
     """
 
-    def __init__(self, secret: bytes, buffer_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, secret: bytes, buffer_bytes: int = 64 * 1024 * 1024, host: str = "127.0.0.1",
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self.secret = secret
         self.buffer_bytes = buffer_bytes
+        self.on_event = on_event or (lambda kind, detail: None)
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("", 0))
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
         self._sock.listen(256)
         self.port = int(self._sock.getsockname()[1])
         self._unix = listen_unix("tfos-feed-")

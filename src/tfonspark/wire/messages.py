@@ -21,7 +21,9 @@ __all__ = [
     "FeedClose",
     "FeedEnd",
     "FeedStart",
+    "Heartbeat",
     "Message",
+    "NodeEvent",
     "NodeExit",
     "NodeUp",
     "Register",
@@ -108,6 +110,29 @@ class NodeExit(Message):
 
 
 @dataclass
+class Heartbeat(Message):
+    """Either way on a supervisor's driver connection, every ``heartbeat_secs``: I am alive.
+
+    A side that hears nothing for ``heartbeat_timeout`` treats its peer as gone.
+    """
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+
+@dataclass
+class NodeEvent(Message):
+    """Supervisor -> driver: something the node reports while it runs (e.g. a stalled feed).
+
+    ``kind`` names the event (``feed_stalled``, ...); ``detail`` is a JSON object.
+    """
+
+    TYPE: ClassVar[str] = "node_event"
+    executor_id: int
+    kind: str
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
 class Stop(Message):
     """Driver -> supervisor: stop the TF process (SIGTERM, then SIGKILL after ``grace_secs``)."""
 
@@ -130,6 +155,9 @@ class FeedStart(Message):
     train: bool
     partition: int
     columns: list[str] = field(default_factory=list)
+    feed_id: str = ""  # one train()/inference() call: with ``partition`` it names a partition
+    attempt: int = 0  # Spark's task attempt number (a retry replaces a failed attempt)
+    timeout: float = 600.0  # feed_timeout: how long either end waits for the other
 
 
 @dataclass
