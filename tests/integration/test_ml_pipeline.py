@@ -5,7 +5,8 @@
 * A Pipeline (SQLTransformer + TFEstimator in InputMode.TENSORFLOW) fits: the DataFrame's mapped
   columns go to TFRecords, train_fn reads them from ``args.tfrecord_dir`` and exports a
   ``tf.Module`` with TFNode.export_saved_model; the Pipeline and the PipelineModel save, load
-  and serve the same predictions.
+  and serve the same predictions. The saved metadata holds no pickle (train_fn by reference);
+  a pickle planted in it is refused by ``PipelineModel.load`` unless ``allow_pickle()`` is on.
 """
 
 from __future__ import annotations
@@ -175,6 +176,53 @@ def test_pipeline_fits_in_tensorflow_mode_saves_and_loads(spark, tmp_path):
     loaded = PipelineModel.load(str(tmp_path / "fitted"))
     assert isinstance(loaded.stages[1], TFModel) and loaded.stages[1].args.note == "from tf_args"
     assert [r.pred for r in loaded.transform(test).orderBy("x1").collect()] == preds
+
+    # no pickle in what was saved (train_fn by reference); a pickle planted there is refused
+    # by PipelineModel.load without being unpickled, and loads only with the opt-in
+    estimator_meta = _saved_metadata(tmp_path / "pipeline" / "stages" / f"1_{estimator.uid}")
+    assert estimator_meta["train_fn"] == {"ref": f"{__name__}:_least_squares"}
+    model_dir = tmp_path / "fitted" / "stages" / f"1_{fitted.stages[1].uid}"
+    for stage in [*(tmp_path / "pipeline" / "stages").iterdir(), model_dir]:
+        assert "pickle" not in json.dumps(_saved_metadata(stage)), stage
+    marker = tmp_path / "pwned"
+    _tamper_metadata(model_dir, tf_args={"pickle": _touch_pickle(marker)})
+    with pytest.raises(ConfigError, match=r"\['tf_args'\] hold a pickle.*runs arbitrary code"):
+        PipelineModel.load(str(tmp_path / "fitted"))
+    assert not marker.exists()
+    from tfonspark.ml.persistence import allow_pickle
+
+    with allow_pickle():
+        PipelineModel.load(str(tmp_path / "fitted"))
+    assert marker.exists()
     with pytest.raises(ConfigError, match="holds a saved tfonspark.ml.estimator.TFEstimator, not a "
                                           "tfonspark.ml.model.TFModel"):
         TFModel.load(str(tmp_path / "pipeline" / "stages" / f"1_{estimator.uid}"))
+
+
+def _saved_metadata(stage_dir) -> dict:
+    """The JSON Spark ML wrote to ``stage_dir/metadata`` (one text part file)."""
+    (part,) = (stage_dir / "metadata").glob("part-*")
+    return json.loads(part.read_text())
+
+
+def _tamper_metadata(stage_dir, **fields) -> None:
+    """Change saved metadata as an attacker with write access would (dropping Hadoop's .crc)."""
+    (part,) = (stage_dir / "metadata").glob("part-*")
+    metadata = json.loads(part.read_text())
+    metadata.update(fields)
+    part.write_text(json.dumps(metadata) + "\n")
+    for crc in (stage_dir / "metadata").glob(".*.crc"):
+        crc.unlink()
+
+
+def _touch_pickle(marker) -> str:
+    """A base64 pickle of ``{"note": ...}`` whose unpickling creates ``marker``."""
+    import base64
+    import pathlib
+    import pickle
+
+    class Touch:
+        def __reduce__(self):
+            return (pathlib.Path.touch, (pathlib.Path(marker),))
+
+    return base64.b64encode(pickle.dumps({"note": Touch()})).decode("ascii")

@@ -215,13 +215,25 @@ def test_args_round_trip_through_json(args):
     assert "json" in encoded and p.decode_args(encoded) == args
 
 
-def test_args_json_cannot_hold_are_pickled():
+def test_args_json_cannot_hold_need_allow_pickle_both_ways():
     args = Namespace({"shape": {1, 2}})
-    encoded = p.encode_args(args)
-    assert set(encoded) == {"pickle"} and p.decode_args(encoded).shape == {1, 2}
+    with pytest.raises(ConfigError, match=r"tf_args cannot be saved as JSON: \{'shape': 'set'\}"):
+        p.encode_args(args)
+    encoded = p.encode_args(args, allow_pickle=True)
+    assert set(encoded) == {"pickle"}
+    with pytest.raises(ConfigError, match="'tf_args' holds a pickle.*runs arbitrary code"):
+        p.decode_args(encoded)
+    assert p.decode_args(encoded, allow_pickle=True).shape == {1, 2}
 
 
 def test_functions_round_trip():
+    assert p.encode_function(_train) == {"ref": f"{__name__}:_train"}
+    assert p.decode_function(p.encode_function(_train)) is _train
+    assert p.decode_function(p.encode_function(None)) is None
     offset = 3
-    restored = p.decode_function(p.encode_function(lambda v: v + offset))
-    assert restored(1) == 4 and p.decode_function(p.encode_function(None)) is None
+    with pytest.raises(ConfigError, match="lambda.*allow_pickle=True"):
+        p.encode_function(lambda v: v + offset)
+    pickled = p.encode_function(lambda v: v + offset, allow_pickle=True)
+    with pytest.raises(ConfigError, match="holds a pickle"):
+        p.decode_function(pickled)
+    assert p.decode_function(pickled, allow_pickle=True)(1) == 4

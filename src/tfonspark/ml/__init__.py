@@ -11,7 +11,8 @@
     model = estimator.fit(train_df)        # a TFModel serving /models/m
     model.transform(test_df)               # test_df's columns + prediction
 
-Both are Spark ML stages (``Pipeline``-ready, ``save``/``load``). What ``fit`` hands to
+Both are Spark ML stages (``Pipeline``-ready, ``save``/``load``; a saved stage holds no pickle
+unless saved with ``allow_pickle=True``, and loading never unpickles without the same opt-in). What ``fit`` hands to
 ``train_fn(args, ctx)`` is in :mod:`tfonspark.ml.estimator`; how columns bind to a signature in
 :mod:`tfonspark.ml.inference`. ``tfonspark.pipeline`` keeps the TFoS module name.
 """
@@ -22,5 +23,6 @@ from .estimator import TFEstimator
 from .model import TFModel
 from .model_cache import ModelCache
 from .params import Namespace, TFParams
+from .persistence import allow_pickle
 
-__all__ = ["ModelCache", "Namespace", "TFEstimator", "TFModel", "TFParams"]
+__all__ = ["ModelCache", "Namespace", "TFEstimator", "TFModel", "TFParams", "allow_pickle"]

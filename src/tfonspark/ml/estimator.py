@@ -108,6 +108,10 @@ class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize,
     ``tf_args``: dict, argparse.Namespace, :class:`Namespace`, argv list (handed to
     ``train_fn`` as is, as in TFoS) or None. ``export_fn(args)``: optional, run once on an
     executor after training. See the module docstring for what ``fit`` does.
+
+    ``save``/``load`` store the functions by reference (``module:qualname``) and ``tf_args`` as
+    JSON; functions from ``__main__``/notebooks, lambdas, or ``tf_args`` JSON cannot hold need
+    ``allow_pickle=True`` on both sides (:mod:`tfonspark.ml.persistence`).
     """
 
     def __init__(self, train_fn: Any, tf_args: Any = None, export_fn: Any = None) -> None:
@@ -144,14 +148,18 @@ class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize,
         return self._copyValues(TFModel(self.args))
 
     # ---- persistence ---------------------------------------------------------------------------
-    def _extra_metadata(self) -> dict[str, Any]:
-        return {"tf_args": encode_args(self.args), "train_fn": encode_function(self.train_fn),
-                "export_fn": encode_function(self.export_fn)}
+    # ``train_fn``/``export_fn`` are saved by reference (module:qualname) and ``tf_args`` as
+    # JSON; anything else needs allow_pickle (see tfonspark.ml.persistence).
+    def _extra_metadata(self, allow_pickle: bool = False) -> dict[str, Any]:
+        return {"tf_args": encode_args(self.args, allow_pickle),
+                "train_fn": encode_function(self.train_fn, allow_pickle, "train_fn"),
+                "export_fn": encode_function(self.export_fn, allow_pickle, "export_fn")}
 
     @classmethod
-    def _from_metadata(cls, metadata: dict[str, Any]) -> TFEstimator:
-        return cls(decode_function(metadata["train_fn"]), decode_args(metadata.get("tf_args")),
-                   export_fn=decode_function(metadata.get("export_fn")))
+    def _from_metadata(cls, metadata: dict[str, Any], allow_pickle: bool = False) -> TFEstimator:
+        train_fn = decode_function(metadata.get("train_fn"), allow_pickle, "train_fn")
+        export_fn = decode_function(metadata.get("export_fn"), allow_pickle, "export_fn")
+        return cls(train_fn, decode_args(metadata.get("tf_args"), allow_pickle), export_fn=export_fn)
 
 
 def _feed_frame(dataset: Any, mapping: dict[str, str]) -> Any:

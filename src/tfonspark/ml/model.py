@@ -64,7 +64,9 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     """Serves a SavedModel signature on a DataFrame (TFoS ``pipeline.TFModel``).
 
     ``tf_args`` (dict, argparse.Namespace, argv list or None) is kept for TFoS compatibility and
-    persisted with the model; serving uses the Params only.
+    persisted with the model as JSON (values JSON cannot hold need ``save(path,
+    allow_pickle=True)`` and ``load(path, allow_pickle=True)``: :mod:`tfonspark.ml.persistence`);
+    serving uses the Params only.
     """
 
     def __init__(self, tf_args: Any = None) -> None:
@@ -95,13 +97,13 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         )
 
     # ---- persistence ---------------------------------------------------------------------------
-    def _extra_metadata(self) -> dict[str, Any]:
-        return {"tf_args": encode_args(self.args)}
+    def _extra_metadata(self, allow_pickle: bool = False) -> dict[str, Any]:
+        return {"tf_args": encode_args(self.args, allow_pickle)}
 
     @classmethod
-    def _from_metadata(cls, metadata: dict[str, Any]) -> TFModel:
+    def _from_metadata(cls, metadata: dict[str, Any], allow_pickle: bool = False) -> TFModel:
         model = cls()
-        model.args = decode_args(metadata.get("tf_args"))
+        model.args = decode_args(metadata.get("tf_args"), allow_pickle)
         return model
 
 
