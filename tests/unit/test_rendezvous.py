@@ -604,3 +604,133 @@ def test_authentication_errors_do_not_carry_the_secret():
 def _client_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError, ProtocolError):
         f.client_handshake(sock, WRONG, timeout=5)
+
+
+# ---- (g) bind vs advertise, deadlines, heartbeats, events ------------------------------------------
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", ""])
+def test_a_wildcard_bind_is_never_advertised(make_server, wildcard):
+    server = make_server(plan_roles(1), bind_host=wildcard)
+    assert server.address[0] == "127.0.0.1" and server.address[1] > 0
+    conn = register(server, 0)  # and nodes can reach it there
+    try:
+        assert isinstance(reply(conn), m.ClusterReady)
+    finally:
+        conn.close()
+
+
+def test_tfos_server_host_wildcard_is_bound_but_not_advertised(make_server, monkeypatch):
+    monkeypatch.setenv("TFOS_SERVER_HOST", "0.0.0.0")
+    server = make_server(plan_roles(1))
+    assert server.address[0] == "127.0.0.1"
+
+
+def test_an_explicit_bind_host_is_advertised_as_bound(monkeypatch):
+    monkeypatch.setenv("TFOS_SERVER_HOST", "0.0.0.0")  # bind_host wins over the environment
+    server = RendezvousServer(CLUSTER, plan_roles(1), SECRET, "10.9.8.7", bind_host="127.0.0.1")
+    try:
+        assert server.address[0] == "127.0.0.1"
+    finally:
+        server.close()
+
+
+def test_a_wildcard_with_nothing_else_to_advertise_is_a_config_error():
+    with pytest.raises(ConfigError, match="wildcard"):
+        RendezvousServer(CLUSTER, plan_roles(1), SECRET, "0.0.0.0", bind_host="0.0.0.0")
+
+
+@pytest.mark.parametrize("secs, timeout", [(0, 1.0), (1.0, 1.0), (2.0, 1.0), (-1, 5.0)])
+def test_bad_heartbeat_settings_are_a_config_error(secs, timeout):
+    with pytest.raises(ConfigError, match="heartbeat"):
+        RendezvousServer(CLUSTER, plan_roles(1), SECRET, "127.0.0.1", heartbeat_secs=secs,
+                         heartbeat_timeout=timeout)
+
+
+def test_register_must_follow_authentication_promptly(make_server):
+    server = make_server(plan_roles(1), handshake_timeout=0.5)
+    conn = f.connect(server.address, SECRET, timeout=5)  # authenticated, then says nothing
+    conn.settimeout(5)
+    start = time.monotonic()
+    with pytest.raises((OSError, ProtocolError)):
+        conn.recv()
+    assert time.monotonic() - start < 2
+    conn.close()
+    late = register(server, 0)  # the slot is still free
+    try:
+        assert isinstance(reply(late), m.ClusterReady)
+    finally:
+        late.close()
+
+
+def test_the_driver_sends_heartbeats_once_the_cluster_is_ready(make_server):
+    server = make_server(plan_roles(1), heartbeat_secs=0.1, heartbeat_timeout=5.0)
+    conn = register(server, 0)
+    try:
+        assert isinstance(reply(conn), m.ClusterReady)
+        conn.settimeout(2)
+        beats = [m.recv_message(conn) for _ in range(3)]
+        assert beats == [m.Heartbeat()] * 3
+    finally:
+        conn.close()
+
+
+def test_a_silent_supervisor_is_lost_after_the_heartbeat_timeout(make_server):
+    server = make_server(plan_roles(2), heartbeat_secs=0.2, heartbeat_timeout=1.0)
+    quiet, alive = register(server, 0), register(server, 1)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.2):
+            with contextlib.suppress(OSError):
+                m.send_message(alive, m.Heartbeat())
+
+    beater = threading.Thread(target=beat, daemon=True)
+    try:
+        assert isinstance(reply(quiet), m.ClusterReady) and isinstance(reply(alive), m.ClusterReady)
+        beater.start()
+        start = time.monotonic()
+        assert wait_until(lambda: bool(server.nodes[0].lost), timeout=5)
+        assert 0.8 < time.monotonic() - start < 2.5
+        assert "no heartbeat from its supervisor for 1s" in server.nodes[0].lost
+        time.sleep(0.5)
+        assert not server.nodes[1].finished  # its supervisor kept sending heartbeats
+        assert [n.role.executor_id for n in server.failures()] == [0]
+    finally:
+        stop.set()
+        if beater.is_alive():
+            beater.join(5)
+        quiet.close()
+        alive.close()
+
+
+def test_node_events_are_recorded_in_order(make_server):
+    server = make_server(plan_roles(1))
+    conn = register(server, 0)
+    try:
+        assert isinstance(reply(conn), m.ClusterReady)
+        first = m.NodeEvent(0, "feed_stalled", {"partition": 3, "seconds": 2.5})
+        second = m.NodeEvent(0, "feed_resumed")
+        m.send_message(conn, first)
+        m.send_message(conn, m.Heartbeat())  # ignored
+        m.send_message(conn, second)
+        assert wait_until(lambda: len(server.events) == 2)
+        node = server.nodes[0]
+        assert server.events_since(0) == [(node, first), (node, second)]
+        assert server.events_since(1) == [(node, second)] and server.events_since(2) == []
+        assert not server.failures()
+    finally:
+        conn.close()
+
+
+def test_close_closes_every_node_connection(make_server):
+    server = make_server(plan_roles(1))
+    conn = register(server, 0)
+    assert isinstance(reply(conn), m.ClusterReady)
+    server.close()
+    conn.settimeout(5)
+    with pytest.raises((OSError, ProtocolError)):
+        while True:
+            m.recv_message(conn)  # (a heartbeat may come first)
+    conn.close()
+    assert not server.failures()

@@ -701,3 +701,124 @@ def test_payloads_stay_intact_while_later_frames_reuse_buffers(unix):
     finally:
         server.close()
         client.close()
+
+
+# ---- hostile lengths and slow peers ---------------------------------------------------------------
+
+
+def test_an_announced_huge_frame_allocates_as_bytes_arrive(pair):
+    """Announcing 200 MiB and sending 10 bytes must not make the receiver allocate 200 MiB."""
+    import tracemalloc
+
+    server, client = pair
+    client.sock.sendall(struct.pack(">I", 200 * 1024 * 1024) + os.urandom(f.TAG) + b"0123456789")
+    client.sock.shutdown(socket.SHUT_WR)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConnectionResetError, match="peer closed"):
+            server.recv()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize("size", [0, 1, f._FIRST_CHUNK, f._FIRST_CHUNK + 1, 3 * f._FIRST_CHUNK + 12345])
+def test_frames_of_any_size_arrive_intact(pair, size):
+    server, client = pair
+    data = os.urandom(size)
+    sender = threading.Thread(target=client.send, args=(data,))
+    sender.start()
+    got = server.recv()
+    sender.join(5)
+    assert len(got) == size and bytes(got) == data
+
+
+def test_a_grown_frame_buffer_joins_the_pool_for_reuse(pair):
+    server, client = pair
+    server.buffers = f.RecvBuffers(16 * BIG)
+    size = 3 * BIG + 5
+    for i in range(3):
+        sender = threading.Thread(target=client.send, args=(bytes([i]) * size,))
+        sender.start()
+        got = server.recv()
+        sender.join(5)
+        assert bytes(got[:3]) == bytes([i]) * 3 and len(got) == size
+        del got
+    assert server.buffers.nbytes == size  # one buffer, reused by the later frames
+
+
+def test_server_handshake_deadline_covers_the_whole_handshake():
+    """A client trickling its hello a byte at a time fails at the deadline, not per byte."""
+    a, b = socket.socketpair()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            f._recv_exact(b, f.SERVER_HELLO)
+            for byte in (f.MAGIC * 20)[:60]:
+                b.sendall(bytes([byte]))
+                time.sleep(0.05)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            f.server_handshake(a, SECRET, timeout=0.5)
+        assert time.monotonic() - start < 1.0
+    finally:
+        a.close()
+        b.close()
+        t.join(5)
+
+
+def test_client_handshake_deadline_covers_the_whole_handshake():
+    a, b = socket.socketpair()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            for byte in (f.MAGIC + bytes([f.VERSION]) + bytes(f.NONCE))[:30]:
+                a.sendall(bytes([byte]))
+                time.sleep(0.05)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            f.client_handshake(b, SECRET, timeout=0.5)
+        assert time.monotonic() - start < 1.0
+    finally:
+        a.close()
+        b.close()
+        t.join(5)
+
+
+def test_a_read_deadline_raises_timeout_error(pair):
+    server, client = pair
+    server.settimeout(0.2)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        server.recv()
+    assert isinstance(info.value, OSError) and time.monotonic() - start < 2
+    server.settimeout(5)  # nothing had arrived: the connection is still in step
+    client.send(b"late")
+    assert bytes(server.recv()) == b"late"
+
+
+def test_connection_close_is_idempotent(pair):
+    server, client = pair
+    server.close()
+    server.close()
+    assert server.closed
+    client.settimeout(5)
+    with pytest.raises((OSError, ProtocolError)):
+        client.recv()
+
+
+def test_server_handshake_object_refuses_to_connect_unauthenticated_peers():
+    handshake = f.ServerHandshake(SECRET)
+    with pytest.raises(ProtocolError):
+        handshake.answer(b"x" * f.CLIENT_HELLO)
+    with pytest.raises(AuthenticationError):
+        handshake.connection(socket.socket())

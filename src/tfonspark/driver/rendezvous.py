@@ -1,13 +1,17 @@
 """The driver's rendezvous server: nodes register, receive the cluster, report up/exit, get stopped.
 
 Each node's supervisor keeps one authenticated connection open for the node's whole life. A
-connection that drops without a ``NodeExit`` means the node (or its executor) died. Peers that
-fail the handshake are dropped without a reply; the server keeps serving the others.
+connection that drops without a ``NodeExit``, or stays silent for ``heartbeat_timeout``, means
+the node (or its executor) died or hung. Both sides send a ``Heartbeat`` every
+``heartbeat_secs``. Connections are accepted and authenticated by a :class:`Listener`: peers
+that fail, stall or flood the handshake are dropped without a reply, and the server keeps
+serving the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import socket
@@ -18,7 +22,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, ProtocolError
 from ..wire import messages as m
-from ..wire.framing import Connection, server_handshake
+from ..wire.framing import Connection
+from ..wire.listener import Listener
 from .plan import NodeRole, build_cluster_spec
 
 __all__ = ["NodeState", "RendezvousServer", "bind_server_socket"]
@@ -85,49 +90,82 @@ def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4
     )
 
 
+def _is_wildcard(host: str) -> bool:
+    """True for an address that means "every interface" (never one to connect to)."""
+    try:
+        return not host or ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return False
+
+
 class RendezvousServer:
-    """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them."""
+    """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them.
+
+    It listens on ``bind_host`` (default ``TFOS_SERVER_HOST``, else ``host``) and advertises
+    ``address``: the bound address, or ``host`` where the bind address is a wildcard.
+    """
 
     def __init__(self, cluster_id: str, roles: Sequence[NodeRole], secret: bytes,
-                 host: str, port_spec: str | None = None) -> None:
+                 host: str, port_spec: str | None = None, *, bind_host: str | None = None,
+                 heartbeat_secs: float = 5.0, heartbeat_timeout: float = 60.0,
+                 handshake_timeout: float = 10.0) -> None:
+        if not 0 < heartbeat_secs < heartbeat_timeout:
+            raise ConfigError("heartbeats need 0 < heartbeat_secs < heartbeat_timeout. Received: "
+                              f"heartbeat_secs={heartbeat_secs!r}, heartbeat_timeout={heartbeat_timeout!r}")
         self.cluster_id = cluster_id
         self.secret = secret
         self.nodes = {r.executor_id: NodeState(r) for r in roles}
         self.cluster_spec: dict[str, list[str]] | None = None
-        self.rejected = 0
+        self.events: list[tuple[NodeState, m.NodeEvent]] = []
+        self.heartbeat_secs = heartbeat_secs
+        self.heartbeat_timeout = heartbeat_timeout
+        self.handshake_timeout = handshake_timeout
+        self._ready: set[int] = set()  # executor ids sent ClusterReady: they get heartbeats
         self._cond = threading.Condition()
         self._closed = False
-        self._sock = bind_server_socket(os.environ.get("TFOS_SERVER_HOST") or host,
-                                        port_spec if port_spec is not None
-                                        else os.environ.get("TFOS_SERVER_PORT"))
-        self.address: tuple[str, int] = self._sock.getsockname()[:2]
-        self._threads: list[threading.Thread] = []
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="tfos-rendezvous",
-                                               daemon=True)
-        self._accept_thread.start()
+        self._stopping = threading.Event()
+        sock, self.address = self._bind(host, port_spec, bind_host)
+        self._listener = Listener(sock, secret, self._serve, max_frame=_CONTROL_MAX_FRAME,
+                                  handshake_timeout=handshake_timeout,
+                                  max_pending=max(128, 2 * len(self.nodes)),
+                                  max_connections=max(1024, 4 * len(self.nodes)),
+                                  name="tfos-rendezvous")
+        self._beat = threading.Thread(target=self._heartbeats, name="tfos-rdv-heartbeat", daemon=True)
+        self._beat.start()
+
+    @staticmethod
+    def _bind(host: str, port_spec: str | None,
+              bind_host: str | None) -> tuple[socket.socket, tuple[str, int]]:
+        """The listening socket and the address nodes are told to connect to."""
+        if bind_host is None:
+            bind_host = os.environ.get("TFOS_SERVER_HOST") or host
+        sock = bind_server_socket(bind_host, port_spec if port_spec is not None
+                                  else os.environ.get("TFOS_SERVER_PORT"))
+        bound, port = sock.getsockname()[:2]
+        if not _is_wildcard(bind_host) and not _is_wildcard(bound):
+            return sock, (bound, port)
+        if _is_wildcard(host):
+            sock.close()
+            raise ConfigError(f"the rendezvous server binds to the wildcard {bind_host!r} and needs "
+                              f"a real address to advertise to executors. Received: host={host!r}")
+        return sock, (host, port)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def rejected(self) -> int:
+        """Connections dropped before or at authentication."""
+        return self._listener.rejected
 
     # ---- serving -------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return
-            t = threading.Thread(target=self._serve, args=(sock,), daemon=True, name="tfos-rdv-conn")
-            t.start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            conn = server_handshake(sock, self.secret, max_frame=_CONTROL_MAX_FRAME)
-        except (OSError, ProtocolError) as exc:
-            with self._cond:
-                self.rejected += 1
-            log.warning("rendezvous: dropped a connection that failed authentication (%s)",
-                        type(exc).__name__)
-            sock.close()
-            return
+    def _serve(self, conn: Connection) -> bool:
+        """One supervisor's connection, for its node's whole life (then closed: returns False)."""
         node: NodeState | None = None
         try:
+            conn.settimeout(self.handshake_timeout)  # Register must follow authentication at once
             msg = m.recv_message(conn, m.Register)
             assert isinstance(msg, m.Register)
             node = self._register(conn, msg)
@@ -136,8 +174,7 @@ class RendezvousServer:
         except (OSError, ProtocolError) as exc:
             if node is not None:
                 self._lost(node, f"connection to its supervisor broke: {exc}")
-        finally:
-            conn.close()
+        return False
 
     def _register(self, conn: Connection, msg: m.Register) -> NodeState | None:
         """Record a registration, wait for the whole cluster, then send it the spec."""
@@ -159,6 +196,8 @@ class RendezvousServer:
             spec = self.cluster_spec
         assert spec is not None
         m.send_message(conn, m.ClusterReady(node.role.job_name, node.role.task_index, spec))
+        with self._cond:
+            self._ready.add(node.role.executor_id)
         return node
 
     def _maybe_form_cluster(self) -> None:
@@ -179,24 +218,53 @@ class RendezvousServer:
         return ""
 
     def _follow(self, conn: Connection, node: NodeState) -> None:
-        """Read lifecycle events from a node's supervisor until it reports its exit."""
+        """Read lifecycle events from a node's supervisor until it reports its exit or goes silent."""
+        conn.settimeout(self.heartbeat_timeout)
         while True:
-            msg = m.recv_message(conn, m.NodeUp, m.NodeExit)
-            with self._cond:
-                if isinstance(msg, m.NodeUp):
-                    node.up = msg
-                else:
-                    assert isinstance(msg, m.NodeExit)
-                    node.exit = msg
-                self._cond.notify_all()
-            if isinstance(msg, m.NodeExit):
+            try:
+                msg = m.recv_message(conn, m.NodeUp, m.NodeExit, m.Heartbeat, m.NodeEvent)
+            except TimeoutError:
+                self._lost(node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s "
+                                 "(executor lost or hung?)")
                 return
+            if self._record(node, msg):
+                return
+
+    def _record(self, node: NodeState, msg: m.Message) -> bool:
+        """Note one message from a node's supervisor; True once the node has exited."""
+        if isinstance(msg, m.Heartbeat):
+            return False
+        with self._cond:
+            if isinstance(msg, m.NodeUp):
+                node.up = msg
+            elif isinstance(msg, m.NodeEvent):
+                self.events.append((node, msg))
+            elif isinstance(msg, m.NodeExit):
+                node.exit = msg
+            self._cond.notify_all()
+        return isinstance(msg, m.NodeExit)
+
+    def _heartbeats(self) -> None:
+        """Every ``heartbeat_secs``, tell each running node's supervisor that the driver lives."""
+        while not self._stopping.wait(self.heartbeat_secs):
+            with self._cond:
+                targets = [(n, n.conn) for n in self.nodes.values()
+                           if n.role.executor_id in self._ready and n.conn is not None and not n.finished]
+            for node, conn in targets:
+                try:
+                    m.send_message(conn, m.Heartbeat())
+                except OSError as exc:
+                    self._lost(node, f"heartbeat to its supervisor failed: {exc}")
+                    conn.close()
 
     def _lost(self, node: NodeState, why: str) -> None:
         with self._cond:
-            if not node.finished and not self._closed:
+            lost = not node.finished and not self._closed
+            if lost:
                 node.lost = why
             self._cond.notify_all()
+        if lost:
+            log.warning("rendezvous: node %s lost: %s", node.role.name, why)
 
     # ---- driver-side queries ---------------------------------------------------------------
     def wait_for(self, predicate, timeout: float | None) -> bool:
@@ -231,13 +299,20 @@ class RendezvousServer:
         with contextlib.suppress(OSError):
             m.send_message(node.conn, m.Stop(grace_secs))
 
+    def events_since(self, index: int) -> list[tuple[NodeState, m.NodeEvent]]:
+        """Events nodes reported, from the ``index``-th on (pass the count already seen)."""
+        with self._cond:
+            return self.events[index:]
+
     def close(self) -> None:
+        """Stop serving: close every connection, release every waiter, stop the heartbeats."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        for closer in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
-            with contextlib.suppress(OSError):
-                closer()
+        self._stopping.set()
+        self._listener.close()
         for node in self.nodes.values():
             if node.conn is not None:
                 node.conn.close()
+        if self._beat is not threading.current_thread():
+            self._beat.join(2.0)

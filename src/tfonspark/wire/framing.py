@@ -15,7 +15,9 @@ Both sides then derive ``session = HMAC(secret, "k"+sn+cn)``. Every frame is::
 
 so a frame cannot be forged without the secret, replayed (sequence), moved to another
 connection (session key) or reflected back (direction). ``length`` is checked against
-``max_frame`` before anything is read.
+``max_frame`` before anything is read, and the receive buffer grows as bytes arrive (an
+announced length alone allocates at most 1 MiB). ``timeout`` bounds a whole handshake, not each
+read; :mod:`.listener` runs the server side for many peers without a thread each.
 
 Same-host feeds use an *unsigned* connection over a Unix socket instead: the handshake is the
 same (and binds the channel kind, so a signed and an unsigned end cannot pair), then frames are
@@ -35,20 +37,25 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from typing import Union
 
 from ..errors import AuthenticationError, ProtocolError
 
 __all__ = [
+    "CLIENT_HELLO",
     "DEFAULT_MAX_FRAME",
     "Connection",
     "RecvBuffers",
+    "SERVER_HELLO",
+    "ServerHandshake",
     "client_handshake",
     "connect",
     "connect_unix",
     "listen_unix",
     "new_secret",
+    "prepare_server_socket",
     "remove_unix_socket",
     "unix_send_buffer",
     "server_handshake",
@@ -60,6 +67,11 @@ NONCE = 32
 TAG = 32
 DEFAULT_MAX_FRAME = 256 * 1024 * 1024
 _SMALL_FRAME = 64 * 1024
+#: a frame buffer starts this large and doubles as bytes arrive: an announced length costs nothing
+_FIRST_CHUNK = 1024 * 1024
+#: what the server sends first, and what the client answers
+SERVER_HELLO = len(MAGIC) + 1 + NONCE
+CLIENT_HELLO = SERVER_HELLO + TAG
 _HEADER = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
 
@@ -78,16 +90,46 @@ def _mac(key: bytes, *parts: Buffer) -> bytes:
     return mac.digest()
 
 
-def _recv_exact(sock: socket.socket, size: int, into: memoryview | None = None) -> memoryview:
-    """``size`` bytes from ``sock``, into a fresh buffer or ``into`` (exactly ``size`` long)."""
-    view = memoryview(bytearray(size)) if into is None else into
+def _recv_exact(sock: socket.socket, size: int, into: memoryview | None = None,
+                deadline: float | None = None) -> memoryview:
+    """``size`` bytes from ``sock``, into ``into`` (exactly ``size`` long) or a fresh buffer.
+
+    A fresh buffer starts at most :data:`_FIRST_CHUNK` long and doubles as bytes arrive, so a
+    peer that announces a huge frame and sends little costs little memory. ``deadline``
+    (``time.monotonic()``) bounds the whole read, not each ``recv``.
+    """
+    view = into if into is not None else memoryview(bytearray(min(size, _FIRST_CHUNK)))
     got = 0
     while got < size:
+        if got == len(view):
+            view = _grow(view, size)
+        if deadline is not None:
+            _time_left(sock, deadline)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ConnectionResetError(f"peer closed the connection after {got} of {size} bytes")
         got += n
     return view
+
+
+def _grow(view: memoryview, size: int) -> memoryview:
+    """A buffer twice as long as the full ``view`` (at most ``size``), holding its bytes."""
+    bigger = bytearray(min(2 * len(view), size))
+    bigger[: len(view)] = view
+    return memoryview(bigger)
+
+
+def _time_left(sock: socket.socket, deadline: float) -> None:
+    """Let the next socket call wait only until ``deadline``; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the handshake took too long")
+    sock.settimeout(left)
+
+
+def _send_by(sock: socket.socket, data: bytes, deadline: float) -> None:
+    _time_left(sock, deadline)
+    sock.sendall(data)
 
 
 def _unused(buf: bytearray) -> bool:
@@ -128,23 +170,37 @@ class RecvBuffers:
 
     def take(self, size: int) -> memoryview:
         """A writable view of exactly ``size`` bytes."""
-        if size < self.MIN_SIZE or size > self.capacity:
-            return memoryview(bytearray(size))
+        view = self.reuse(size)
+        if view is None:
+            view = memoryview(bytearray(size))
+            self.adopt(view.obj)  # type: ignore[arg-type]
+        return view
+
+    def reuse(self, size: int) -> memoryview | None:
+        """A free pooled buffer for ``size`` bytes, or None (nothing is allocated here)."""
+        if not self._pooled(size):
+            return None
         with self._lock:
-            free = [b for b in self._bufs if _unused(b)]
-            fits = [b for b in free if size <= len(b) <= 2 * size]
-            if fits:
-                return memoryview(min(fits, key=len))[:size]
+            fits = [b for b in self._bufs if size <= len(b) <= 2 * size and _unused(b)]
+            return memoryview(min(fits, key=len))[:size] if fits else None
+
+    def adopt(self, buf: bytearray) -> None:
+        """Keep ``buf`` (just filled) for reuse, dropping free buffers that do not fit to make room."""
+        size = len(buf)
+        if not self._pooled(size):
+            return
+        with self._lock:
             held = self.nbytes
-            for old in sorted(free, key=len):  # make room by dropping free buffers that do not fit
+            for old in sorted((b for b in self._bufs if _unused(b)), key=len):
                 if held + size <= self.capacity:
                     break
                 self._bufs.remove(old)
                 held -= len(old)
-            buf = bytearray(size)
             if held + size <= self.capacity:
                 self._bufs.append(buf)
-            return memoryview(buf)
+
+    def _pooled(self, size: int) -> bool:
+        return self.MIN_SIZE <= size <= self.capacity
 
 
 class Connection:
@@ -166,6 +222,8 @@ class Connection:
         self.max_frame = max_frame
         self._send_lock = threading.Lock()
         self.buffers: RecvBuffers | None = None  # where large payloads are received, if set
+        self._closed = False
+        self._close_lock = threading.Lock()
 
     def send(self, *parts: Buffer) -> None:
         """Send one frame whose payload is the concatenation of ``parts`` (no copy)."""
@@ -190,8 +248,11 @@ class Connection:
         (length,) = _HEADER.unpack_from(head)
         if length > self.max_frame:
             raise ProtocolError(f"peer announced a frame of {length} bytes; limit is {self.max_frame}")
-        into = self.buffers.take(length) if self.buffers is not None and length else None
+        pool = self.buffers
+        into = pool.reuse(length) if pool is not None else None
         payload = _recv_exact(self.sock, length, into)
+        if pool is not None and into is None:
+            pool.adopt(payload.obj)  # type: ignore[arg-type]
         if not self.signed:
             return payload
         expected = _mac(self._key, self._in_dir, _SEQ.pack(self._in_seq), head[: _HEADER.size], payload)
@@ -201,9 +262,23 @@ class Connection:
         return payload
 
     def settimeout(self, timeout: float | None) -> None:
+        """Bound each later ``send``/``recv`` to ``timeout`` seconds (None: wait forever).
+
+        A read past it raises ``TimeoutError``; if part of a frame had arrived the stream is out
+        of step, so the caller closes the connection.
+        """
         self.sock.settimeout(timeout)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        """Wake any thread blocked on this connection and release it; safe to repeat, from any thread."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
@@ -226,48 +301,95 @@ def _kind(signed: bool) -> bytes:
     return b"S" if signed else b"U"
 
 
+def _client_proof(secret: bytes, kind: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return _mac(secret, b"c", kind, server_nonce, client_nonce)
+
+
+def _server_proof(secret: bytes, kind: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return _mac(secret, b"s", kind, client_nonce, server_nonce)
+
+
+def _session_key(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return _mac(secret, b"k", server_nonce, client_nonce)
+
+
+def prepare_server_socket(sock: socket.socket, signed: bool) -> None:
+    """Socket options for an accepted connection (no Nagle delay; a Unix socket's send buffer)."""
+    _no_delay(sock)
+    if not signed:
+        unix_send_buffer(sock)  # results flow back on it (inference)
+
+
+class ServerHandshake:
+    """The server's side of the handshake as pure steps, for blocking and event-driven servers.
+
+    Send :attr:`hello`, read :data:`CLIENT_HELLO` bytes, send what :meth:`answer` returns,
+    then :meth:`connection` wraps the socket.
+    """
+
+    def __init__(self, secret: bytes, signed: bool = True) -> None:
+        self.signed = signed
+        self._secret = secret
+        self._nonce = os.urandom(NONCE)
+        self._session = b""
+        self.hello = MAGIC + bytes([VERSION]) + self._nonce
+
+    def answer(self, client_hello: Buffer) -> bytes:
+        """Check the client's hello; the server's proof to send back. Raises if it fails."""
+        hello = bytes(client_hello)
+        if len(hello) != CLIENT_HELLO or hello[:4] != MAGIC or hello[4] != VERSION:
+            raise ProtocolError("peer is not a tfonspark client of this protocol version")
+        client_nonce, proof = hello[5 : 5 + NONCE], hello[5 + NONCE :]
+        kind = _kind(self.signed)
+        if not hmac.compare_digest(proof, _client_proof(self._secret, kind, self._nonce, client_nonce)):
+            raise AuthenticationError("client failed the cluster-secret challenge")
+        self._session = _session_key(self._secret, self._nonce, client_nonce)
+        return _server_proof(self._secret, kind, self._nonce, client_nonce)
+
+    def connection(self, sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
+        """The authenticated connection (after :meth:`answer` succeeded and its proof was sent)."""
+        if not self._session:
+            raise AuthenticationError("the client has not been authenticated")
+        return Connection(sock, self._session, False, max_frame, self.signed)
+
+
 def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
                      max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True) -> Connection:
     """Authenticate a freshly accepted client; raise AuthenticationError if it lacks the secret.
 
-    ``signed=False`` only for a Unix socket (see the module docstring).
+    ``timeout`` bounds the whole handshake. ``signed=False`` only for a Unix socket (see the
+    module docstring).
     """
-    _no_delay(sock)
-    if not signed:
-        unix_send_buffer(sock)  # results flow back on it (inference)
-    sock.settimeout(timeout)
-    server_nonce = os.urandom(NONCE)
-    sock.sendall(MAGIC + bytes([VERSION]) + server_nonce)
-    hello = _recv_exact(sock, len(MAGIC) + 1 + NONCE + TAG)
-    if bytes(hello[:4]) != MAGIC or hello[4] != VERSION:
-        raise ProtocolError("peer is not a tfonspark client of this protocol version")
-    client_nonce = bytes(hello[5 : 5 + NONCE])
-    proof = bytes(hello[5 + NONCE :])
-    kind = _kind(signed)
-    if not hmac.compare_digest(proof, _mac(secret, b"c", kind, server_nonce, client_nonce)):
-        raise AuthenticationError("client failed the cluster-secret challenge")
-    sock.sendall(_mac(secret, b"s", kind, client_nonce, server_nonce))
+    deadline = time.monotonic() + timeout
+    prepare_server_socket(sock, signed)
+    handshake = ServerHandshake(secret, signed)
+    _send_by(sock, handshake.hello, deadline)
+    proof = handshake.answer(_recv_exact(sock, CLIENT_HELLO, deadline=deadline))
+    _send_by(sock, proof, deadline)
     sock.settimeout(None)
-    return Connection(sock, _mac(secret, b"k", server_nonce, client_nonce), False, max_frame, signed)
+    return handshake.connection(sock, max_frame)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
                      max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True) -> Connection:
-    """Authenticate to a server and check that the server holds the same secret."""
-    sock.settimeout(timeout)
-    hello = _recv_exact(sock, len(MAGIC) + 1 + NONCE)
+    """Authenticate to a server and check that the server holds the same secret.
+
+    ``timeout`` bounds the whole handshake.
+    """
+    deadline = time.monotonic() + timeout
+    hello = _recv_exact(sock, SERVER_HELLO, deadline=deadline)
     if bytes(hello[:4]) != MAGIC or hello[4] != VERSION:
         raise ProtocolError("peer is not a tfonspark server of this protocol version")
     server_nonce = bytes(hello[5:])
     client_nonce = os.urandom(NONCE)
     kind = _kind(signed)
-    proof = _mac(secret, b"c", kind, server_nonce, client_nonce)
-    sock.sendall(MAGIC + bytes([VERSION]) + client_nonce + proof)
-    answer = bytes(_recv_exact(sock, TAG))
-    if not hmac.compare_digest(answer, _mac(secret, b"s", kind, client_nonce, server_nonce)):
+    proof = _client_proof(secret, kind, server_nonce, client_nonce)
+    _send_by(sock, MAGIC + bytes([VERSION]) + client_nonce + proof, deadline)
+    answer = bytes(_recv_exact(sock, TAG, deadline=deadline))
+    if not hmac.compare_digest(answer, _server_proof(secret, kind, server_nonce, client_nonce)):
         raise AuthenticationError("server failed the cluster-secret challenge")
     sock.settimeout(None)
-    return Connection(sock, _mac(secret, b"k", server_nonce, client_nonce), True, max_frame, signed)
+    return Connection(sock, _session_key(secret, server_nonce, client_nonce), True, max_frame, signed)
 
 
 def connect(address: Sequence, secret: bytes, timeout: float = 10.0,
