@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 
-__all__ = ["executor_key", "local_ip_towards", "reserve_port"]
+__all__ = ["bind_address", "executor_key", "is_wildcard", "local_ip_towards", "reserve_port"]
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0")
+
+
+def is_wildcard(host: str) -> bool:
+    """True for an address that means "every interface": never one to advertise to peers."""
+    return host.strip() in _WILDCARDS
 
 
 def executor_key() -> str:
@@ -22,25 +30,59 @@ def executor_key() -> str:
 
 
 def local_ip_towards(peer_host: str) -> str:
-    """The local address this host uses to reach ``peer_host`` (no packet is sent)."""
-    if os.environ.get("SPARK_LOCAL_IP"):
-        return os.environ["SPARK_LOCAL_IP"]
+    """The local address this host uses to reach ``peer_host`` (no packet is sent).
+
+    ``SPARK_LOCAL_IP`` wins when it names one address; a wildcard there is a bind setting, not
+    an address peers can reach, so it is ignored.
+    """
+    configured = os.environ.get("SPARK_LOCAL_IP", "")
+    if configured and not is_wildcard(configured):
+        return configured
     family = socket.AF_INET6 if ":" in peer_host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
             probe.connect((peer_host, 9))
-            return str(probe.getsockname()[0])
+            found = str(probe.getsockname()[0])
+            if not is_wildcard(found):
+                return found
         except OSError:
-            return socket.gethostbyname(socket.gethostname())
+            pass
+    return socket.gethostbyname(socket.gethostname())
 
 
-def reserve_port(port: int = 0) -> socket.socket:
+def bind_address(bind_host: str, advertised: str) -> str:
+    """Where a node's servers bind: ``bind_host`` (``NodeConfig.bind_host``) or, when that is
+    empty, the node's advertised address. Peers are always told ``advertised``."""
+    return bind_host or advertised
+
+
+def reserve_port(port: int = 0, ipv6: bool = False) -> socket.socket:
     """Bind (without listening) a TCP port so no other process takes it before TF does.
+
+    The socket binds the wildcard address with neither ``SO_REUSEADDR`` nor ``SO_REUSEPORT``:
+    on Linux any other bind of that port, on any local address and whatever options the other
+    socket sets, then fails with ``EADDRINUSE`` until the reservation is closed (a socket that
+    never listened or connected leaves no TIME_WAIT behind, so TF binds the port right after).
+    With ``ipv6`` it is a dual-stack ``::`` socket, which holds the IPv4 port as well.
 
     The socket is inheritable so the TF process can hold it until it releases the port.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("", port))
+    sock = None
+    if ipv6 and socket.has_ipv6:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", port))
+        except OSError:  # no IPv6 on this host: hold the IPv4 port
+            sock.close()
+            sock = None
+    if sock is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except BaseException:
+            sock.close()
+            raise
     sock.set_inheritable(True)
     return sock

@@ -8,7 +8,9 @@ only when the node could not be started at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import selectors
 import subprocess
 import sys
@@ -24,50 +26,106 @@ from .supervisor import STATUS_PREFIX
 __all__ = ["node_task", "start_node"]
 
 _FINAL = ("exit", "rejected", "failed")
+_POLL_SECS = 5.0  # how often a quiet wait checks that the supervisor still runs
+_REAP_SECS = 10.0  # how long a supervisor told to stop may take to exit
 
 
-def _events(proc: subprocess.Popen, deadline: float | None) -> Iterator[dict[str, Any]]:
-    """Status events printed by the supervisor, until EOF or ``deadline``."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            if not sel.select(left):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                return
-            text = line.decode("utf-8", "replace")
-            if text.startswith(STATUS_PREFIX):
-                yield json.loads(text[len(STATUS_PREFIX):])
+class _StatusReader:
+    """Status events printed by the supervisor, read straight from its stdout pipe (no Python
+    buffering, so readiness of the descriptor is exactly "a line may be waiting")."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.fd = proc.stdout.fileno()
+        self._pending = b""
+        self.eof = False
+
+    def events(self, deadline: float | None) -> Iterator[dict[str, Any]]:
+        """Events until EOF, until the supervisor has exited, or until ``deadline``."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.fd, selectors.EVENT_READ)
+            while not self.eof:
+                while b"\n" in self._pending:
+                    raw, self._pending = self._pending.split(b"\n", 1)
+                    text = raw.decode("utf-8", "replace")
+                    if text.startswith(STATUS_PREFIX):
+                        with contextlib.suppress(ValueError):
+                            yield json.loads(text[len(STATUS_PREFIX):])
+                left = _POLL_SECS if deadline is None else min(_POLL_SECS, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                if not sel.select(left):
+                    if self.proc.poll() is not None:  # exited, yet its stdout is held open elsewhere
+                        return
+                    continue
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    self.eof = True
+                    chunk = b"\n"  # a last line without its newline
+                self._pending += chunk
+
+
+def _stop_supervisor(proc: subprocess.Popen) -> None:
+    """SIGTERM the supervisor (it stops its TF process), SIGKILL it if it lingers."""
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=_REAP_SECS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_SECS)
 
 
 def start_node(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str],
                wait_for_exit: bool) -> dict[str, Any]:
-    """Spawn a supervisor for ``executor_id``; return its last status event."""
+    """Spawn a supervisor for ``executor_id``; return its last status event.
+
+    Start-up (registration, the cluster, the TF process coming up) is bounded by the driver's
+    two ``reservation_timeout`` waits plus a margin; past that the supervisor is stopped and
+    ClusterError raised. Waiting for the node's exit (``wait_for_exit``) is bounded by the
+    supervisor's life, which its heartbeat deadline on the driver connection bounds in turn.
+    """
     proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor",
                              "--cluster", config.cluster_id[:12], "--executor", str(executor_id)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    assert proc.stdin is not None
-    write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id,
-                                 "gpus": gpus}, payload)
-    proc.stdin.close()
-    startup = time.monotonic() + config.reservation_timeout + 120
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id,
+                                     "gpus": gpus}, payload)
+        proc.stdin.close()
+    except OSError:
+        pass  # it died at once: reported below from its exit code
+    reader = _StatusReader(proc)
+    startup_secs = 2 * config.reservation_timeout + 120
     last: dict[str, Any] = {"event": "none"}
-    for event in _events(proc, startup):
-        last = event
-        if event["event"] in _FINAL or (event["event"] == "up" and not wait_for_exit):
-            break
-    if wait_for_exit and last["event"] == "up":
-        for event in _events(proc, None):
+    try:
+        for event in reader.events(time.monotonic() + startup_secs):
             last = event
-    if last["event"] in ("rejected", "failed"):
-        raise ClusterError(f"executor {executor_id}: node could not start: {last.get('reason')}")
-    if proc.stdout is not None:
+            if event["event"] in _FINAL or (event["event"] == "up" and not wait_for_exit):
+                break
+        if last["event"] == "up" and wait_for_exit:
+            for event in reader.events(None):
+                last = event
+        if last["event"] in ("rejected", "failed"):
+            raise ClusterError(f"executor {executor_id}: node could not start: {last.get('reason')}")
+        if last["event"] not in ("up", "exit"):
+            code = proc.poll()
+            if code is None and not reader.eof:
+                _stop_supervisor(proc)
+                raise ClusterError(f"executor {executor_id}: node did not start within "
+                                   f"{startup_secs:.0f}s; its supervisor was stopped")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=_REAP_SECS)
+            raise ClusterError(f"executor {executor_id}: the node's supervisor exited without "
+                               f"reporting (exit code {code})")
+    finally:
         proc.stdout.close()
+    if last["event"] == "exit":
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_SECS)  # reap it: it exits right after reporting
     return {"executor_id": executor_id, **last}
 
 

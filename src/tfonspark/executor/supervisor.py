@@ -1,9 +1,12 @@
 """The supervisor: a small process (no TensorFlow) that owns one node's TF process.
 
 It reserves the node's port, registers with the driver, spawns the TF process, tees its output
-(keeping the tail for error reports), forwards "up"/"exit" events, and stops the TF process when
-the driver says so or when the driver connection drops. Because it, not the Spark task, is the
-TF process's parent, a TF process killed by a signal is still reported with its output tail.
+(keeping the tail for error reports), forwards its events ("up", feed-server events as
+``NodeEvent``) and its exit, and stops the TF process when the driver says so, when the driver
+connection drops, or when the driver stays silent for ``heartbeat_timeout`` (it sends a
+``Heartbeat`` every ``heartbeat_secs``, and so do we, from ``ClusterReady`` on). Because it, not
+the Spark task, is the TF process's parent, a TF process killed by a signal is still reported with
+its output tail, and its feed socket (announced by an early "feed" event) is removed.
 
 Run as ``python -m tfonspark.executor.supervisor --cluster ID --executor N``; the arguments only
 label the process for ``ps`` (and for tests that check nothing is left behind). The bootstrap
@@ -17,9 +20,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import IO, Any
 
 from ..config import NodeConfig
@@ -31,6 +36,7 @@ from .host import executor_key, local_ip_towards, reserve_port
 
 STATUS_PREFIX = "TFOS-STATUS "
 TAIL_LINES = 60
+CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 
 
 def _status(event: str, **fields: Any) -> None:
@@ -52,40 +58,58 @@ class Supervisor:
         self.stopping = False
         self.proc: subprocess.Popen | None = None
         self.data_path = ""  # the TF process's feed socket, removed after it exits
+        self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
+        self._spawning = False
         self._lock = threading.Lock()
 
     def run(self) -> int:
-        port_sock = reserve_port()
         host = local_ip_towards(self.config.driver_host)
-        conn = connect((self.config.driver_host, self.config.driver_port), self.config.secret)
+        port_sock = reserve_port(ipv6=":" in host)
+        try:
+            conn = connect((self.config.driver_host, self.config.driver_port), self.config.secret)
+        except BaseException:
+            port_sock.close()
+            raise
         try:
             return self._run(conn, host, port_sock)
         finally:
             port_sock.close()
             conn.close()
 
-    def _run(self, conn: Connection, host: str, port_sock) -> int:
+    def _run(self, conn: Connection, host: str, port_sock: socket.socket) -> int:
         port = port_sock.getsockname()[1]
         m.send_message(conn, m.Register(self.executor_id, host, port, executor_key(), os.getpid(),
                                         self.config.cluster_id))
-        conn.settimeout(self.config.reservation_timeout + 60)
-        reply = m.recv_message(conn, m.ClusterReady, m.Reject)
-        conn.settimeout(None)
+        reply = self._await_cluster(conn)
         if isinstance(reply, m.Reject):
             _status("rejected", reason=reply.reason)
             return 2
         assert isinstance(reply, m.ClusterReady)
+        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True,
+                         name="tfos-heartbeat").start()
         status_r, status_w = os.pipe()
-        self.proc = self._spawn(reply, host, port_sock, status_w)
-        os.close(status_w)
+        try:
+            self._spawning = True  # SIGTERM from now on stops the TF process instead of us
+            proc = self.proc = self._spawn(reply, host, port_sock, status_w)
+        finally:
+            os.close(status_w)
         port_sock.close()  # the TF process holds the reservation now; it alone releases it
-        threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
-        tee = threading.Thread(target=self._tee, args=(self.proc.stdout,), daemon=True)
-        tee.start()
-        error = self._relay_status(conn, os.fdopen(status_r, "r"))
-        code = self.proc.wait()
-        _kill_group(self.proc.pid)  # children it left behind (TensorBoard, helpers)
-        remove_unix_socket(self.data_path)  # left behind if the TF process was killed
+        tee = threading.Thread(target=self._tee, args=(proc.stdout,), daemon=True)
+        try:
+            if self.stopping:  # SIGTERM arrived while the TF process was being spawned
+                self.terminate(2.0, force=True)
+            threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
+            tee.start()
+            with os.fdopen(status_r, "r") as status:
+                error = self._relay_status(conn, status)
+            code = proc.wait()
+        finally:  # however we got here, the TF process and what it left behind go
+            if proc.poll() is None:
+                self.terminate(2.0, force=True)
+            proc.wait()
+            self.done.set()
+            _kill_group(proc.pid)  # children it left behind (TensorBoard, helpers)
+            remove_unix_socket(self.data_path)  # left behind if the TF process was killed
         tee.join(timeout=5)
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], self.stopping)
         with contextlib.suppress(OSError):
@@ -93,7 +117,24 @@ class Supervisor:
         _status("exit", exit_code=code, stopped=self.stopping, traceback=error)
         return 0
 
-    def _spawn(self, ready: m.ClusterReady, host: str, port_sock, status_w: int) -> subprocess.Popen:
+    def _await_cluster(self, conn: Connection) -> m.Message:
+        """The driver's ClusterReady or Reject, within ``reservation_timeout`` (+ a margin)."""
+        deadline = time.monotonic() + self.config.reservation_timeout + CLUSTER_MARGIN_SECS
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the driver sent no cluster within the reservation timeout")
+                conn.settimeout(left)
+                reply = m.recv_message(conn, m.ClusterReady, m.Reject, m.Heartbeat)
+                if not isinstance(reply, m.Heartbeat):
+                    return reply
+        finally:
+            with contextlib.suppress(OSError):
+                conn.settimeout(None)
+
+    def _spawn(self, ready: m.ClusterReady, host: str, port_sock: socket.socket,
+               status_w: int) -> subprocess.Popen:
         from ..driver.plan import build_tf_config
 
         env = dict(os.environ)
@@ -114,24 +155,45 @@ class Supervisor:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             pass_fds=(port_sock.fileno(), status_w), start_new_session=True)
         assert proc.stdin is not None
-        write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
+        with contextlib.suppress(OSError):  # if it died at once, its exit is reported as usual
+            write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
         return proc
 
     def _relay_status(self, conn: Connection, status: IO[str]) -> str:
-        """Forward the TF process's "up" event; return the traceback it reports, if any."""
+        """Forward the TF process's events to the driver; return the traceback it reports, if any.
+
+        Ends when the TF process exits (EOF on the status pipe). A driver that is gone is
+        handled by ``_listen``; sends that fail here are dropped.
+        """
         error = ""
         for line in status:
-            event = json.loads(line)
-            if event["event"] == "up":
+            try:
+                event = json.loads(line)
+                kind = event["event"]
+            except (ValueError, TypeError, KeyError):
+                continue
+            if kind == "feed":  # the feed socket exists: ours to remove if the TF process dies
+                self.data_path = str(event.get("data_path") or "")
+            elif kind == "up":
                 assert self.proc is not None
-                up = m.NodeUp(self.executor_id, self.proc.pid, event["host"], event["data_port"],
-                              event.get("tensorboard_url", ""), event.get("data_path", ""))
-                self.data_path = up.data_path
-                m.send_message(conn, up)
+                up = m.NodeUp(self.executor_id, self.proc.pid, str(event["host"]),
+                              int(event["data_port"]), str(event.get("tensorboard_url", "")),
+                              str(event.get("data_path", "")))
+                self.data_path = up.data_path or self.data_path
+                self._send(conn, up)
                 _status("up", tf_pid=self.proc.pid)
-            elif event["event"] == "error":
-                error = event["traceback"]
+            elif kind == "node_event":
+                detail = event.get("detail")
+                self._send(conn, m.NodeEvent(self.executor_id, str(event.get("kind", "")),
+                                             detail if isinstance(detail, dict) else {}))
+            elif kind == "error":
+                error = str(event.get("traceback", ""))
         return error
+
+    @staticmethod
+    def _send(conn: Connection, message: m.Message) -> None:
+        with contextlib.suppress(OSError, ProtocolError):
+            m.send_message(conn, message)
 
     def _tee(self, stream: IO[bytes] | None) -> None:
         """Copy the TF process's output to our stderr (the executor log), keeping the tail."""
@@ -147,29 +209,60 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
 
+    def _heartbeat(self, conn: Connection) -> None:
+        """Tell the driver we are alive every ``heartbeat_secs`` until the node exits."""
+        interval = self.config.heartbeat_secs
+        if interval <= 0:
+            return
+        while not self.done.wait(interval):
+            try:
+                m.send_message(conn, m.Heartbeat())
+            except (OSError, ProtocolError):
+                return  # the driver is gone: _listen stops the TF process
+
     def _listen(self, conn: Connection) -> None:
-        """Wait for Stop from the driver; a dropped connection means the driver is gone."""
+        """Wait for Stop from the driver. A dropped connection, or no message at all (the driver
+        sends heartbeats) within ``heartbeat_timeout``, means the driver is gone."""
         grace = 0.0
+        timeout = self.config.heartbeat_timeout
         try:
-            msg = m.recv_message(conn, m.Stop)
-            assert isinstance(msg, m.Stop)
-            grace = msg.grace_secs
-        except (OSError, ProtocolError):
+            conn.settimeout(timeout if timeout > 0 else None)
+            while True:
+                msg = m.recv_message(conn, m.Stop, m.Heartbeat)
+                if isinstance(msg, m.Stop):
+                    grace = msg.grace_secs
+                    break
+        except (OSError, ProtocolError):  # socket.timeout is an OSError
             pass
         self.terminate(grace)
 
-    def terminate(self, grace: float) -> None:
+    def terminate(self, grace: float, force: bool = False) -> None:
         """SIGTERM the TF process group, SIGKILL after ``grace`` seconds."""
         with self._lock:
             proc = self.proc
             if proc is None or proc.poll() is not None:
                 return
+            if self.stopping and not force:
+                return  # another thread is stopping it
             self.stopping = True
         _kill_group(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=max(grace, 0.5))
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
+
+    def on_sigterm(self) -> None:
+        """SIGTERM (the node task gave up on us): stop the TF process, or exit if there is none.
+
+        Runs in the main thread between bytecodes, so it sees ``_spawning``/``proc`` consistent.
+        """
+        if not self._spawning:  # registering or waiting for the cluster: nothing to clean up
+            _status("failed", reason="stopped (SIGTERM) before the TF process started")
+            os._exit(1)
+        if self.proc is None:  # being spawned: _run stops it right after
+            self.stopping = True
+            return
+        threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -181,7 +274,7 @@ def main() -> int:
     header, payload = read_bootstrap(sys.stdin.buffer)
     config = NodeConfig.from_json(header["config"])
     supervisor = Supervisor(config, int(header["executor_id"]), list(header.get("gpus", [])), payload)
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.terminate(2.0))
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.on_sigterm())
     try:
         return supervisor.run()
     except Exception as exc:  # report anything to the task that spawned us, then fail

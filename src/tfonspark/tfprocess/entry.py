@@ -2,15 +2,20 @@
 
 Spawned by the supervisor as ``python -m tfonspark.tfprocess.entry --cluster ID --node ROLE:INDEX``
 (labels for ``ps`` only) with the bootstrap on stdin.
-Events go to the supervisor over a status pipe as JSON lines: ``up`` once the node is ready,
-``error`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died, and
-this process exits at once rather than outlive it.
+Events go to the supervisor over a status pipe as JSON lines: ``feed`` with the feed server's
+Unix socket as soon as it exists (so the supervisor removes it however this process dies),
+``up`` once the node is ready, ``node_event`` for what the feed server reports while it runs,
+``error`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died:
+this process removes its feed socket and exits at once (with its process group: TensorBoard)
+rather than outlive it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -18,70 +23,129 @@ import traceback
 from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
+from ..executor.host import bind_address
 from ..wire.bootstrap import read_bootstrap
+from ..wire.framing import remove_unix_socket
 from .context import NodeContext
+
+_status_lock = threading.Lock()  # several threads emit (main, feed-server threads)
+_cleanup_lock = threading.Lock()  # held while the feed socket is made, so _parent_gone sees it
+
+
+class _State:
+    feed_path = ""  # the feed server's Unix socket while it exists
+    own_group = False  # this process leads its process group (spawned by the supervisor)
 
 
 def _watch_parent(stdin: IO[bytes]) -> None:
     """Exit when the supervisor's end of our stdin closes (it died or was killed)."""
     while stdin.read(65536):
         pass
+    _parent_gone()
+
+
+def _parent_gone() -> None:
+    """The supervisor is gone, so nobody else will clean up: remove the feed socket, stop our
+    children (TensorBoard) and exit."""
+    locked = _cleanup_lock.acquire(timeout=5)  # the main thread may be creating the socket
+    try:
+        remove_unix_socket(_State.feed_path)
+    finally:
+        if locked:
+            _cleanup_lock.release()
+    if _State.own_group:
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpid(), signal.SIGKILL)  # the group is ours (we lead it), us included
     os._exit(70)
 
 
 def _emit(status: IO[str], event: str, **fields: Any) -> None:
-    status.write(json.dumps({"event": event, **fields}) + "\n")
-    status.flush()
+    """Write one status line; a supervisor that is gone is handled by ``_watch_parent``."""
+    line = json.dumps({"event": event, **fields}, default=str) + "\n"
+    with _status_lock, contextlib.suppress(OSError, ValueError):
+        status.write(line)
+        status.flush()
 
 
-def _start_feed_server(config: NodeConfig, job_name: str) -> Any:
+def _event_sink(status: IO[str]) -> Any:
+    """The feed server's ``on_event``: forwards ``(kind, detail)`` to the driver via the supervisor."""
+
+    def on_event(kind: str, detail: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # never break a feed-server thread over a report
+            _emit(status, "node_event", kind=str(kind),
+                  detail=detail if isinstance(detail, dict) else {"value": detail})
+
+    return on_event
+
+
+def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status: IO[str]) -> Any:
     if config.input_mode != InputMode.SPARK or job_name not in ("chief", "master", "worker"):
         return None
     from .feedserver import FeedServer
 
-    return FeedServer(config.secret, buffer_bytes=config.feed_buffer_bytes)
+    with _cleanup_lock:
+        feed = FeedServer(config.secret, buffer_bytes=config.feed_buffer_bytes, host=bind_host,
+                          on_event=_event_sink(status))
+        _State.feed_path = feed.unix_path
+    if feed.unix_path:
+        _emit(status, "feed", data_path=feed.unix_path)
+    return feed
 
 
-def _start_tensorboard(config: NodeConfig, ctx: NodeContext, host: str) -> str:
+def _close_feed_server(feed: Any) -> None:
+    with _cleanup_lock:
+        try:
+            feed.close()
+        finally:
+            remove_unix_socket(feed.unix_path)
+            _State.feed_path = ""
+
+
+def _start_tensorboard(config: NodeConfig, ctx: NodeContext, host: str, bind_host: str) -> str:
     if not config.tensorboard or not ctx.is_chief:
         return ""
     from .tensorboard import start_tensorboard
 
     return start_tensorboard(config.log_dir or ctx.absolute_path("tensorboard"), host,
-                             config.tensorboard_port)
+                             config.tensorboard_port, bind_host=bind_host)
 
 
 def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
     from pyspark import cloudpickle
 
     config = NodeConfig.from_json(header["config"])
+    host = header["host"]  # advertised to peers; servers bind ``bind_host``
+    bind_host = bind_address(config.bind_host, host)
     tmp_socket = socket.socket(fileno=header["port_fd"])
-    feed = _start_feed_server(config, header["job_name"])
-    ctx = NodeContext(
-        executor_id=header["executor_id"], job_name=header["job_name"],
-        task_index=header["task_index"], cluster_spec=header["cluster_spec"],
-        default_fs=config.default_fs, working_dir=header["working_dir"], mgr=feed,
-        tmp_socket=tmp_socket)
-    ctx.tensorboard_url = _start_tensorboard(config, ctx, header["host"])
-    if config.release_port:
-        ctx.release_port()
-    map_fun, tf_args = cloudpickle.loads(payload)
-    _emit(status, "up", host=header["host"], data_port=feed.port if feed else 0,
-          data_path=feed.unix_path if feed else "", tensorboard_url=ctx.tensorboard_url)
+    feed = None
     try:
-        map_fun(tf_args, ctx)
-    except BaseException:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        _emit(status, "error", traceback=text)
-        return 1
+        feed = _start_feed_server(config, header["job_name"], bind_host, status)
+        ctx = NodeContext(
+            executor_id=header["executor_id"], job_name=header["job_name"],
+            task_index=header["task_index"], cluster_spec=header["cluster_spec"],
+            default_fs=config.default_fs, working_dir=header["working_dir"], mgr=feed,
+            tmp_socket=tmp_socket)
+        ctx.tensorboard_url = _start_tensorboard(config, ctx, host, bind_host)
+        if config.release_port:
+            ctx.release_port()
+        map_fun, tf_args = cloudpickle.loads(payload)
+        _emit(status, "up", host=host, data_port=feed.port if feed else 0,
+              data_path=feed.unix_path if feed else "", tensorboard_url=ctx.tensorboard_url)
+        try:
+            map_fun(tf_args, ctx)
+        except BaseException:
+            text = traceback.format_exc()
+            sys.stderr.write(text)
+            _emit(status, "error", traceback=text)
+            return 1
+        return 0
     finally:
         if feed is not None:
-            feed.close()
-    return 0
+            _close_feed_server(feed)
 
 
 def main() -> None:
+    _State.own_group = os.getpgrp() == os.getpid()  # the supervisor starts us in a new session
     header, payload = read_bootstrap(sys.stdin.buffer)
     threading.Thread(target=_watch_parent, args=(sys.stdin.buffer,), daemon=True).start()
     status = os.fdopen(header["status_fd"], "w")

@@ -1,0 +1,198 @@
+"""executor/host.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import pytest
+
+from tfonspark.executor import host
+from tfonspark.tfprocess import tensorboard
+
+
+def _bind(address: tuple, *, family: int = socket.AF_INET, reuseaddr: bool = False,
+          reuseport: bool = False, listen: bool = False) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if reuseaddr:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(1)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _local_addresses() -> list[str]:
+    addresses = ["0.0.0.0", "127.0.0.1"]
+    advertised = host.local_ip_towards("192.0.2.1")
+    if advertised not in addresses:
+        addresses.append(advertised)
+    return addresses
+
+
+
+
+@pytest.mark.parametrize("options", [{}, {"reuseaddr": True}, {"reuseport": True, "reuseaddr": True},
+                                     {"reuseport": True}])
+def test_reserved_port_cannot_be_bound_by_anyone_else(options):
+    if options.get("reuseport") and not hasattr(socket, "SO_REUSEPORT"):
+        pytest.skip("no SO_REUSEPORT")
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
+    if hasattr(socket, "SO_REUSEPORT"):
+        assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0
+    try:
+        for address in _local_addresses():  # wildcard, loopback and the node's own address
+            with pytest.raises(OSError) as info:
+                _bind((address, port), listen=True, **options).close()
+            assert info.value.errno == errno.EADDRINUSE, (address, options)
+    finally:
+        reserved.close()
+    # once released, TensorFlow (which sets SO_REUSEADDR) can bind and listen at once
+    for opts in ({}, options):
+        _bind(("0.0.0.0", port), listen=True, **opts).close()
+    _bind((_local_addresses()[-1], port), reuseaddr=True, listen=True).close()
+
+
+def test_reservation_is_inheritable_and_never_listens():
+    reserved = host.reserve_port()
+    try:
+        assert reserved.get_inheritable()
+        assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", reserved.getsockname()[1]), timeout=2).close()
+    finally:
+        reserved.close()
+
+
+def test_ipv6_reservation_also_holds_the_ipv4_port():
+    reserved = host.reserve_port(ipv6=True)
+    try:
+        port = reserved.getsockname()[1]
+        if reserved.family == socket.AF_INET6:
+            assert reserved.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+        with pytest.raises(OSError) as info:
+            _bind(("0.0.0.0", port), reuseaddr=True).close()
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        reserved.close()
+
+
+def test_a_chosen_port_can_be_reserved_again_after_release():
+    first = host.reserve_port()
+    port = first.getsockname()[1]
+    first.close()
+    again = host.reserve_port(port)
+    try:
+        assert again.getsockname()[1] == port
+        with pytest.raises(OSError):
+            host.reserve_port(port)
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("address", ["", "0.0.0.0", "::", "[::]", " 0.0.0.0 "])
+def test_wildcards_are_recognised(address):
+    assert host.is_wildcard(address)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "::1", "node-7.example"])
+def test_addresses_are_not_wildcards(address):
+    assert not host.is_wildcard(address)
+
+
+def test_bind_address_defaults_to_the_advertised_one():
+    assert host.bind_address("", "10.1.2.3") == "10.1.2.3"
+    assert host.bind_address("0.0.0.0", "10.1.2.3") == "0.0.0.0"
+    assert host.bind_address("127.0.0.1", "10.1.2.3") == "127.0.0.1"
+
+
+def test_a_wildcard_spark_local_ip_is_never_advertised(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "0.0.0.0")
+    found = host.local_ip_towards("127.0.0.1")
+    assert found and not host.is_wildcard(found)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.8.7")
+    assert host.local_ip_towards("127.0.0.1") == "10.9.8.7"
+
+
+# ---- TensorBoard: binds the bind host, advertises the node's address ---------------------------
+
+
+class _FakeTensorBoard:
+    last: list[str] = []
+
+    def __init__(self, cmd, **_kwargs):
+        _FakeTensorBoard.last = list(cmd)
+
+    def poll(self):
+        return None
+
+
+@pytest.fixture
+def fake_tensorboard(monkeypatch):
+    connected: list[tuple] = []
+
+    class _Conn:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def create_connection(address, timeout=None):
+        connected.append(address)
+        return _Conn()
+
+    monkeypatch.delenv("TENSORBOARD_PORT", raising=False)
+    monkeypatch.setattr(tensorboard.subprocess, "Popen", _FakeTensorBoard)
+    monkeypatch.setattr(tensorboard.socket, "create_connection", create_connection)
+    return connected
+
+
+def _arg(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_tensorboard_binds_the_advertised_address_by_default(fake_tensorboard, tmp_path):
+    url = tensorboard.start_tensorboard(str(tmp_path), "127.0.0.1", 6123)
+    cmd = _FakeTensorBoard.last
+    assert _arg(cmd, "--host") == "127.0.0.1" and _arg(cmd, "--port") == "6123"
+    assert url == "http://127.0.0.1:6123"
+    assert fake_tensorboard == [("127.0.0.1", 6123)]
+
+
+def test_tensorboard_on_a_wildcard_bind_host_still_advertises_the_node(fake_tensorboard, tmp_path):
+    url = tensorboard.start_tensorboard(str(tmp_path), "10.1.2.3", 6124, bind_host="0.0.0.0")
+    assert _arg(_FakeTensorBoard.last, "--host") == "0.0.0.0"
+    assert url == "http://10.1.2.3:6124"
+    assert fake_tensorboard == [("127.0.0.1", 6124)]  # readiness is probed over loopback
+
+
+def test_tensorboard_free_port_is_picked_on_the_bind_host(fake_tensorboard, tmp_path, monkeypatch):
+    bound: list[tuple] = []
+    real_socket = socket.socket
+
+    class _Recording(real_socket):
+        def bind(self, address):
+            bound.append(address)
+            return super().bind(address)
+
+    monkeypatch.setattr(tensorboard.socket, "socket", _Recording)
+    url = tensorboard.start_tensorboard(str(tmp_path), "127.0.0.1")
+    port = int(_arg(_FakeTensorBoard.last, "--port"))
+    assert bound == [("127.0.0.1", 0)] and port > 0
+    assert url == f"http://127.0.0.1:{port}"
+
+
+def test_tensorboard_ipv6_url_is_bracketed(fake_tensorboard, tmp_path):
+    url = tensorboard.start_tensorboard(str(tmp_path), "fd00::5", 6125, bind_host="::")
+    assert url == "http://[fd00::5]:6125"
+    assert _arg(_FakeTensorBoard.last, "--host") == "::"
+    assert fake_tensorboard == [("::1", 6125)]

@@ -1,0 +1,534 @@
+"""The supervisor and the TF process entry, without Spark: heartbeats, deadlines, event relay, and
+no feed socket left behind on any failure path (real subprocesses against a fake driver)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import json
+import operator
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+import pytest
+
+from tfonspark.config import InputMode, NodeConfig
+from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
+from tfonspark.tfprocess import entry
+from tfonspark.wire import framing as f
+from tfonspark.wire import messages as m
+from tfonspark.wire.bootstrap import write_bootstrap
+
+SECRET_HEX = "5a" * 32
+
+
+def _config(**overrides) -> NodeConfig:
+    fields = {"cluster_id": "supervisor-unit-test", "driver_host": "127.0.0.1", "driver_port": 1,
+              "secret_hex": SECRET_HEX, "reservation_timeout": 30.0}
+    fields.update(overrides)
+    return NodeConfig(**fields)
+
+
+@pytest.fixture
+def pair():
+    """(supervisor end, driver end) of one signed connection."""
+    a, b = socket.socketpair()
+    key = os.urandom(32)
+    sup, drv = f.Connection(a, key, True), f.Connection(b, key, False)
+    yield sup, drv
+    sup.close()
+    drv.close()
+
+
+def _feed_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "tfos-feed-*")))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+# ---- relaying the TF process's events -----------------------------------------------------------
+
+
+def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
+    sup_end, drv_end = pair
+    sup = Supervisor(_config(), 3, [], b"")
+    sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
+    lines = [
+        {"event": "feed", "data_path": "/tmp/tfos-feed-x/feed.sock"},
+        "not json at all",
+        {"event": "node_event", "kind": "feed_stalled", "detail": {"partition": 4, "timeout": 9.0}},
+        {"event": "up", "host": "10.0.0.7", "data_port": 5555, "data_path": "/tmp/tfos-feed-x/feed.sock",
+         "tensorboard_url": "http://10.0.0.7:6006"},
+        {"event": "node_event", "kind": "odd", "detail": ["not", "a", "dict"]},
+        {"event": "error", "traceback": "Traceback: boom"},
+    ]
+    text = "".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines)
+    assert sup.data_path == ""
+    error = sup._relay_status(sup_end, io.StringIO(text))
+    assert error == "Traceback: boom"
+    assert sup.data_path == "/tmp/tfos-feed-x/feed.sock"
+    got = [m.recv_message(drv_end) for _ in range(3)]
+    assert got[0] == m.NodeEvent(3, "feed_stalled", {"partition": 4, "timeout": 9.0})
+    assert got[1] == m.NodeUp(3, 4242, "10.0.0.7", 5555, "http://10.0.0.7:6006",
+                              "/tmp/tfos-feed-x/feed.sock")
+    assert got[2] == m.NodeEvent(3, "odd", {})
+    out = capsys.readouterr().out
+    assert STATUS_PREFIX + json.dumps({"event": "up", "tf_pid": 4242}) in out
+
+
+def test_relay_outlives_a_driver_that_is_gone(pair):
+    sup_end, drv_end = pair
+    drv_end.close()
+    sup = Supervisor(_config(), 0, [], b"")
+    sup.proc = types.SimpleNamespace(pid=1)  # type: ignore[assignment]
+    lines = [{"event": "node_event", "kind": "k", "detail": {}},
+             {"event": "up", "host": "h", "data_port": 0}, {"event": "error", "traceback": "tb"}]
+    status = io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
+    assert sup._relay_status(sup_end, status) == "tb"  # no exception: _listen handles the loss
+
+
+# ---- heartbeats and the driver's deadline ---------------------------------------------------------
+
+
+def _listening(sup: Supervisor, conn: f.Connection) -> tuple[threading.Thread, list[float]]:
+    stopped: list[float] = []
+    sup.terminate = lambda grace, force=False: stopped.append(grace)  # type: ignore[method-assign]
+    thread = threading.Thread(target=sup._listen, args=(conn,), daemon=True)
+    thread.start()
+    return thread, stopped
+
+
+def test_listen_ignores_heartbeats_and_obeys_stop(pair):
+    sup_end, drv_end = pair
+    thread, stopped = _listening(Supervisor(_config(heartbeat_timeout=0.6), 0, [], b""), sup_end)
+    for _ in range(8):  # 1.2 s of heartbeats, twice the deadline: still listening
+        m.send_message(drv_end, m.Heartbeat())
+        time.sleep(0.15)
+    assert thread.is_alive() and stopped == []
+    m.send_message(drv_end, m.Stop(7.5))
+    thread.join(5)
+    assert not thread.is_alive() and stopped == [7.5]
+
+
+def test_listen_takes_silence_past_the_deadline_as_driver_gone(pair):
+    sup_end, _drv_end = pair
+    start = time.monotonic()
+    thread, stopped = _listening(Supervisor(_config(heartbeat_timeout=0.5), 0, [], b""), sup_end)
+    thread.join(5)
+    assert not thread.is_alive() and stopped == [0.0]
+    assert 0.4 < time.monotonic() - start < 3
+
+
+def test_listen_takes_a_broken_connection_as_driver_gone(pair):
+    sup_end, drv_end = pair
+    thread, stopped = _listening(Supervisor(_config(), 0, [], b""), sup_end)
+    drv_end.close()
+    thread.join(5)
+    assert not thread.is_alive() and stopped == [0.0]
+
+
+def test_listen_rejects_unexpected_messages(pair):
+    sup_end, drv_end = pair
+    thread, stopped = _listening(Supervisor(_config(), 0, [], b""), sup_end)
+    m.send_message(drv_end, m.Ack(1))
+    thread.join(5)
+    assert not thread.is_alive() and stopped == [0.0]
+
+
+def test_heartbeats_flow_until_the_node_exits(pair):
+    sup_end, drv_end = pair
+    sup = Supervisor(_config(heartbeat_secs=0.05), 0, [], b"")
+    thread = threading.Thread(target=sup._heartbeat, args=(sup_end,), daemon=True)
+    thread.start()
+    drv_end.settimeout(5)
+    for _ in range(3):
+        assert isinstance(m.recv_message(drv_end), m.Heartbeat)
+    sup.done.set()
+    thread.join(2)
+    assert not thread.is_alive()
+
+
+def test_heartbeat_thread_ends_when_the_driver_is_gone(pair):
+    sup_end, drv_end = pair
+    drv_end.close()
+    sup = Supervisor(_config(heartbeat_secs=0.02), 0, [], b"")
+    thread = threading.Thread(target=sup._heartbeat, args=(sup_end,), daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_waiting_for_the_cluster_skips_heartbeats_and_is_bounded(pair, monkeypatch):
+    from tfonspark.executor import supervisor
+
+    sup_end, drv_end = pair
+    sup = Supervisor(_config(), 0, [], b"")
+    m.send_message(drv_end, m.Heartbeat())
+    m.send_message(drv_end, m.ClusterReady("worker", 0, {"worker": ["h:1"]}))
+    assert sup._await_cluster(sup_end) == m.ClusterReady("worker", 0, {"worker": ["h:1"]})
+    assert sup_end.sock.gettimeout() is None
+    monkeypatch.setattr(supervisor, "CLUSTER_MARGIN_SECS", 0.0)
+    sup = Supervisor(_config(reservation_timeout=0.5), 0, [], b"")
+    start = time.monotonic()
+    with pytest.raises(OSError):  # socket.timeout: no cluster within the deadline
+        m.send_message(drv_end, m.Heartbeat())  # heartbeats alone do not extend it
+        sup._await_cluster(sup_end)
+    assert 0.4 < time.monotonic() - start < 3
+    assert sup_end.sock.gettimeout() is None
+
+
+# ---- the TF process entry: status lines, and the feed socket on every failure path ----------------
+
+
+class _Unpicklable:
+    """Pickles fine on the driver; unpickling it in the TF process raises ZeroDivisionError."""
+
+    def __reduce__(self):
+        return operator.truediv, (1, 0)
+
+
+def _payload(map_fun, tf_args) -> bytes:
+    from pyspark import cloudpickle
+
+    return cloudpickle.dumps((map_fun, tf_args))
+
+
+@pytest.fixture
+def reset_entry_state():
+    yield
+    entry._State.feed_path = ""
+    entry._State.own_group = False
+
+
+def _header(config: NodeConfig, port_sock: socket.socket) -> dict:
+    return {"config": config.to_json(), "executor_id": 0, "job_name": "worker", "task_index": 0,
+            "cluster_spec": {"worker": ["127.0.0.1:1"]}, "host": "127.0.0.1",
+            "port_fd": os.dup(port_sock.fileno()), "working_dir": os.getcwd()}
+
+
+def _events(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_entry_closes_the_feed_server_when_the_payload_cannot_be_unpickled(reset_entry_state):
+    before = _feed_dirs()
+    status = io.StringIO()
+    with socket.socket() as port_sock:
+        port_sock.bind(("127.0.0.1", 0))
+        header = _header(_config(input_mode=InputMode.SPARK), port_sock)
+        with pytest.raises(ZeroDivisionError):
+            entry.run(header, _payload(lambda args, ctx: None, _Unpicklable()), status)
+    events = _events(status.getvalue())
+    assert [e["event"] for e in events] == ["feed"]  # told before anything could fail
+    path = events[0]["data_path"]
+    assert path.endswith("feed.sock") and not os.path.exists(os.path.dirname(path))
+    assert _feed_dirs() == before and entry._State.feed_path == ""
+
+
+@pytest.mark.parametrize(("bind_host", "bound_to"), [("", "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+def test_entry_binds_the_feed_server_to_the_bind_host(reset_entry_state, tmp_path, bind_host, bound_to):
+    def map_fun(args, ctx):
+        with open(args, "w") as out:
+            json.dump(list(ctx.mgr.address), out)
+
+    status = io.StringIO()
+    with socket.socket() as port_sock:
+        port_sock.bind(("127.0.0.1", 0))
+        header = _header(_config(input_mode=InputMode.SPARK, bind_host=bind_host), port_sock)
+        assert entry.run(header, _payload(map_fun, str(tmp_path / "bound")), status) == 0
+    up = [e for e in _events(status.getvalue()) if e["event"] == "up"][0]
+    bound = json.loads((tmp_path / "bound").read_text())
+    assert bound[0] == bound_to
+    assert up["host"] == "127.0.0.1" and up["data_port"] == bound[1]  # never the wildcard
+    assert not os.path.exists(os.path.dirname(up["data_path"]))
+
+
+def test_feed_server_events_become_status_lines_from_any_thread():
+    status = io.StringIO()
+    sink = entry._event_sink(status)
+    threads = [threading.Thread(target=lambda i=i: [sink("feed_stalled", {"n": i, "k": k, "x": "y" * 500})
+                                                    for k in range(200)]) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sink("odd", {"obj": object()})  # not JSON: reported as text, never raises
+    events = _events(status.getvalue())
+    assert len(events) == 8 * 200 + 1
+    assert all(e["event"] == "node_event" for e in events)
+    assert events[0]["kind"] == "feed_stalled" and set(events[0]["detail"]) == {"n", "k", "x"}
+    assert events[-1]["detail"]["obj"].startswith("<object")
+
+
+def test_a_dead_supervisor_makes_the_tf_process_remove_its_socket(monkeypatch, reset_entry_state):
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    listener = f.listen_unix("tfos-feed-")
+    assert listener is not None
+    path = listener.getsockname()
+    entry._State.feed_path = path
+    monkeypatch.setattr(entry.os, "_exit", fake_exit)
+    with pytest.raises(Exited):
+        entry._watch_parent(io.BytesIO(b"anything before EOF"))
+    listener.close()
+    assert not os.path.exists(os.path.dirname(path))
+
+
+# ---- supervisor + TF process against a fake driver -------------------------------------------------
+
+
+class FakeDriver:
+    """Accepts one supervisor, sends it the cluster, records what it says; may send heartbeats."""
+
+    def __init__(self, heartbeat_secs: float = 0.0) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.heartbeat_secs = heartbeat_secs
+        self.received: list[m.Message] = []
+        self.closed = threading.Event()
+        self.conn: f.Connection | None = None
+        self._cond = threading.Condition()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        sock, _ = self.sock.accept()
+        conn = self.conn = f.server_handshake(sock, bytes.fromhex(SECRET_HEX))
+        try:
+            reg = m.recv_message(conn, m.Register)
+            assert isinstance(reg, m.Register)
+            self._record(reg)
+            m.send_message(conn, m.ClusterReady("worker", 0, {"worker": [f"{reg.host}:{reg.port}"]}))
+            if self.heartbeat_secs:
+                threading.Thread(target=self._beat, args=(conn,), daemon=True).start()
+            while True:
+                self._record(m.recv_message(conn))
+        except (OSError, Exception):
+            pass
+        finally:
+            self.closed.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _beat(self, conn: f.Connection) -> None:
+        while not self.closed.wait(self.heartbeat_secs):
+            try:
+                m.send_message(conn, m.Heartbeat())
+            except OSError:
+                return
+
+    def _record(self, msg: m.Message) -> None:
+        with self._cond:
+            self.received.append(msg)
+            self._cond.notify_all()
+
+    def wait_for(self, kind: type, timeout: float = 60) -> m.Message:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for msg in self.received:
+                    if isinstance(msg, kind):
+                        return msg
+                left = deadline - time.monotonic()
+                assert left > 0 and not self.closed.is_set() or any(
+                    isinstance(x, kind) for x in self.received), \
+                    f"no {kind.__name__} (received {self.received})"
+                self._cond.wait(min(left, 0.5))
+
+    def of(self, kind: type) -> list:
+        with self._cond:
+            return [x for x in self.received if isinstance(x, kind)]
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.conn is not None:
+            self.conn.close()
+
+
+@pytest.fixture
+def driver():
+    made: list[FakeDriver] = []
+
+    def make(**kwargs) -> FakeDriver:
+        made.append(FakeDriver(**kwargs))
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.close()
+
+
+def _spawn_supervisor(config: NodeConfig, payload: bytes) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor", "--cluster",
+                             config.cluster_id[:12], "--executor", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdin is not None
+    write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": 0, "gpus": []}, payload)
+    proc.stdin.close()
+    return proc
+
+
+def test_tf_process_failing_before_map_fun_leaves_no_socket(driver, capsys):
+    before = _feed_dirs()
+    fake = driver(heartbeat_secs=0.2)
+    config = _config(driver_port=fake.port, input_mode=InputMode.SPARK, heartbeat_secs=0.2)
+    sup = Supervisor(config, 0, [], _payload(lambda args, ctx: None, _Unpicklable()))
+    assert sup.run() == 0
+    exit_msg = fake.wait_for(m.NodeExit)
+    assert isinstance(exit_msg, m.NodeExit)
+    assert exit_msg.exit_code == 1 and "ZeroDivisionError" in exit_msg.traceback
+    assert fake.of(m.NodeUp) == []
+    assert sup.data_path.endswith("feed.sock")  # the early "feed" event reached the supervisor
+    assert not os.path.exists(os.path.dirname(sup.data_path))
+    assert _feed_dirs() == before
+    assert '"event": "exit"' in capsys.readouterr().out
+
+
+def _sleeper(args, ctx):
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "120"])  # in the TF process's group, like TensorBoard
+    with open(args, "w") as out:
+        out.write(str(child.pid))
+    time.sleep(120)
+
+
+def test_sigkilled_supervisor_takes_its_tf_process_children_and_socket_along(driver, tmp_path):
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        payload = _payload(_sleeper, str(tmp_path / "child.pid"))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    fake = driver(heartbeat_secs=0.2)
+    config = _config(driver_port=fake.port, input_mode=InputMode.SPARK, heartbeat_secs=0.1)
+    proc = _spawn_supervisor(config, payload)
+    try:
+        up = fake.wait_for(m.NodeUp)
+        assert isinstance(up, m.NodeUp) and os.path.exists(up.data_path)
+        assert up.data_host == "127.0.0.1" or not up.data_host.startswith("0.")
+        assert _wait(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text(), 30)
+        child = int((tmp_path / "child.pid").read_text())
+        assert _wait(lambda: len(fake.of(m.Heartbeat)) >= 2, 10), "the supervisor sends heartbeats"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert _wait(lambda: not _alive(up.tf_pid), 15), "the TF process outlived its supervisor"
+        assert _wait(lambda: not _alive(child), 15), "the TF process's children outlived it"
+        assert not os.path.exists(os.path.dirname(up.data_path))
+        assert fake.closed.wait(10) and fake.of(m.NodeExit) == []
+    finally:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait(10)
+
+
+def test_a_silent_driver_gets_the_tf_process_stopped(driver, tmp_path):
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        payload = _payload(_sleeper, str(tmp_path / "child.pid"))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    fake = driver()  # never sends a heartbeat
+    config = _config(driver_port=fake.port, input_mode=InputMode.SPARK, heartbeat_timeout=2.0)
+    proc = _spawn_supervisor(config, payload)
+    try:
+        up = fake.wait_for(m.NodeUp)
+        exit_msg = fake.wait_for(m.NodeExit, timeout=30)
+        assert isinstance(exit_msg, m.NodeExit) and exit_msg.stopped
+        assert exit_msg.exit_code == -signal.SIGTERM
+        assert proc.wait(10) == 0
+        assert not _alive(up.tf_pid)
+        assert not os.path.exists(os.path.dirname(up.data_path))
+        assert proc.stdout is not None
+        assert '"stopped": true' in proc.stdout.read().decode()
+    finally:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait(10)
+
+
+# ---- the node task's waits (executor/node.py) -------------------------------------------------------
+
+
+def _printer(script: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+
+
+def test_status_reader_sees_lines_that_arrive_together_across_waits():
+    from tfonspark.executor.node import _StatusReader
+
+    proc = _printer("import time\n"
+                    "print('noise'); print('TFOS-STATUS {\"event\": \"up\"}'); "
+                    "print('TFOS-STATUS {\"event\": \"exit\", \"exit_code\": 0}', flush=True)\n"
+                    "time.sleep(30)")
+    try:
+        reader = _StatusReader(proc)
+        first = next(iter(reader.events(time.monotonic() + 20)))
+        assert first == {"event": "up"}
+        # the second line came in the same read; a new wait must not block on the descriptor
+        start = time.monotonic()
+        second = next(iter(reader.events(time.monotonic() + 20)))
+        assert second == {"event": "exit", "exit_code": 0} and time.monotonic() - start < 1
+        start = time.monotonic()
+        assert list(reader.events(time.monotonic() + 0.5)) == []  # bounded by its deadline
+        assert time.monotonic() - start < 2
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_start_node_runs_a_node_to_its_exit(driver):
+    from tfonspark.executor.node import start_node
+
+    fake = driver(heartbeat_secs=0.2)
+    config = _config(driver_port=fake.port, heartbeat_secs=0.2)
+    result = start_node(config, 0, _payload(lambda args, ctx: None, None), [], wait_for_exit=True)
+    assert result["event"] == "exit" and result["exit_code"] == 0 and result["executor_id"] == 0
+    assert isinstance(fake.wait_for(m.NodeExit), m.NodeExit)
+
+
+def test_start_node_raises_when_the_supervisor_cannot_reach_the_driver():
+    from tfonspark.errors import ClusterError
+    from tfonspark.executor.node import start_node
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(ClusterError, match="could not start"):
+        start_node(_config(driver_port=port), 0, b"", [], wait_for_exit=False)
