@@ -118,6 +118,14 @@ def feed_all_then_close(server: FeedServer, feeder: Feeder, partitions: dict[int
         close_feed(server)
 
 
+def feed_in_turn_then_close(server: FeedServer, feeder: Feeder, partitions: list[list]) -> list[int]:
+    """Feed partitions one after the other (one executor core), then send the end of the feed."""
+    try:
+        return [train(feeder, p, rows) for p, rows in enumerate(partitions)]
+    finally:
+        close_feed(server)
+
+
 def drain(feed: DataFeed, batch_size: int) -> list:
     rows: list = []
     for _ in range(1_000_000):
@@ -341,7 +349,10 @@ def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, 
     monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)
     rows = big_rows(40 * MB, 1024)
-    feeding = Bg(train, feeder_for(server), 0, rows)
+    # a whole partition is delivered once complete (a 40 MB one partly from disk); the next
+    # one is held back while map_fun has not read the first
+    assert train(feeder_for(server), 0, rows) == len(rows)
+    feeding = Bg(train, feeder_for(server), 1, rows)
     feed = DataFeed(server)
     first = feed.next_batch(16)
     assert len(first) == 16 and float(first[0][0]) == 0.0
@@ -358,7 +369,7 @@ def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, 
 
     # a feed that starts after terminate() is told to stop and nothing of it is queued
     start = time.monotonic()
-    train(feeder_for(server), 1, list(range(5000)))
+    train(feeder_for(server), 2, list(range(5000)))
     assert time.monotonic() - start < 5
     queue = server.queue("input")
     assert queue.nbytes == 0 and not queue._items and queue.aborted
@@ -403,11 +414,13 @@ def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
 
     def sample() -> None:
         while not done.is_set():
-            samples.append(queue.nbytes)
+            samples.append(queue.nbytes + queue.reserved)
             time.sleep(0.001)
 
     sampler = Bg(sample)
-    feeding = Bg(feed_all_then_close, server, feeder_for(server), {0: rows})
+    # one feed task at a time, as an executor with one core runs them: 100 partitions of 0.5 MB
+    feeding = Bg(feed_in_turn_then_close, server, feeder_for(server),
+                 [rows[i:i + len(rows) // 100] for i in range(0, len(rows), len(rows) // 100)])
     feed = DataFeed(server)
     count, total = 0, 0.0
     try:
@@ -426,7 +439,7 @@ def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
     print(f"\nfed {len(rows) * 1024 // MB} MB through a {buffer_bytes // MB} MB buffer; "
           f"peak queued {peak / MB:.2f} MB over {len(samples)} samples")
     assert count == len(rows) and total == pytest.approx(len(rows) * (len(rows) - 1) / 2)
-    assert peak <= buffer_bytes  # bounded, while 50 MB went through
+    assert peak <= buffer_bytes  # queued + staged stay bounded, while 50 MB went through
     assert peak >= buffer_bytes // 2  # and the buffer really filled up (the producer was held back)
 
 
@@ -434,6 +447,8 @@ def test_feed_timeout_when_the_consumer_never_reads(make_server, monkeypatch):
     monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)
     rows = big_rows(40 * MB, 1024)
+    # the first partition is delivered whole (spilled past the buffer); the next one waits
+    assert train(feeder_for(server, feed_timeout=1.0), 4, rows) == len(rows)
     start = time.monotonic()
     with pytest.raises(FeedTimeout) as info:
         train(feeder_for(server, feed_timeout=1.0), 5, rows)

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import InputMode, NodeConfig
-from ..errors import ConfigError, NodeFailed, ReservationTimeout, ShutdownTimeout
+from ..errors import ConfigError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
 from ..executor.host import local_ip_towards
 from ..executor.node import node_task, start_node
+from ..wire import messages as m
 from ..wire.framing import new_secret
 from .jobs import BackgroundJob, barrier_supported, wait_for_slots
 from .plan import CHIEF_ROLES, DATA_ROLES, NodeRole, plan_roles
@@ -61,16 +62,44 @@ class Cluster:
         self.launcher: BackgroundJob | None = None
         self.driver_nodes: list[threading.Thread] = []
         self.feed_groups: set[str] = set()
+        self.feed_errors: list[FeedTimeout] = []  # stalled feeds the nodes reported
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
 
     # ---- failure handling ------------------------------------------------------------------
     def _watch(self) -> None:
-        """On the first node failure, cancel the Spark jobs feeding this cluster at once."""
-        self.server.wait_for(lambda nodes: False, None)
+        """Follow node events; on a node failure or a stalled feed, cancel the feed jobs at once."""
+        seen = 0
+        while True:
+            self.server.wait_for(lambda nodes, seen=seen: self._closed or len(self.server.events) > seen,
+                                 None)
+            events = self.server.events_since(seen)
+            seen += len(events)
+            for node, event in events:
+                self._on_event(node, event)
+            if self.server.failures() or self._closed or self.server.closed:
+                break
         if self.server.failures():
-            for group in list(self.feed_groups):
-                self.sc.cancelJobGroup(group)
+            self._cancel_feeds()
+
+    def _on_event(self, node: NodeState, event: m.NodeEvent) -> None:
+        if event.kind != "feed_stalled":
+            log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
+            return
+        detail = event.detail
+        error = FeedTimeout(
+            f"partition {detail.get('partition')}: its feeder sent nothing to node {node.role.name} "
+            f"for feed_timeout={float(detail.get('timeout', 0)):.0f}s after {detail.get('received', 0)} "
+            "rows (a stalled Spark task or executor); the feed was cancelled. Raise feed_timeout if "
+            "computing a partition's rows can take longer.")
+        log.warning("%s", error)
+        if detail.get("train", True):
+            self.feed_errors.append(error)
+            self._cancel_feeds()
+
+    def _cancel_feeds(self) -> None:
+        for group in list(self.feed_groups):
+            self.sc.cancelJobGroup(group)
 
     def check(self) -> None:
         """Raise NodeFailed (after tearing the cluster down) if any node has failed."""
@@ -208,8 +237,7 @@ class Cluster:
             self.server.stop_node(node, grace_secs)
         self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes),
                              grace_secs + 15)
-        for group in list(self.feed_groups):
-            self.sc.cancelJobGroup(group)
+        self._cancel_feeds()
         if self.launcher is not None and not self.launcher.join(10):
             self.launcher.cancel()
             self.launcher.join(10)
@@ -229,6 +257,17 @@ def _int_env(name: str) -> int:
         return int(value) if value else 0
     except ValueError:
         raise ConfigError(f"{name} must be an integer. Received: {value!r}") from None
+
+
+def _float_env(name: str) -> float:
+    value = os.environ.get(name, "")
+    try:
+        number = float(value) if value else 0.0
+    except ValueError:
+        number = -1.0
+    if number < 0 or number != number:
+        raise ConfigError(f"{name} must be a number of seconds > 0. Received: {value!r}")
+    return number
 
 
 def _driver_host(sc: Any) -> str:
@@ -261,14 +300,19 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
     mode = InputMode(input_mode)
     secret = new_secret()
     cluster_id = uuid.uuid4().hex
-    server = RendezvousServer(cluster_id, roles, secret, _driver_host(sc))
+    heartbeat_timeout = _float_env("TFONSPARK_HEARTBEAT_TIMEOUT") or 60.0
+    heartbeat_secs = min(5.0, heartbeat_timeout / 4)
+    server = RendezvousServer(cluster_id, roles, secret, _driver_host(sc),
+                              heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout)
     config = NodeConfig(cluster_id=cluster_id, driver_host=server.address[0],
                         driver_port=server.address[1], secret_hex=secret.hex(), input_mode=mode,
                         tensorboard=tensorboard, log_dir=log_dir, release_port=release_port,
                         reservation_timeout=float(reservation_timeout), default_fs=_default_fs(sc),
                         chief_job=master_node if master_node in CHIEF_ROLES else "worker",
                         tensorboard_port=_int_env("TENSORBOARD_PORT"),
-                        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024)
+                        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024,
+                        bind_host=os.environ.get("TFONSPARK_BIND_HOST", ""),
+                        heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout)
     cluster = Cluster(sc, roles, server, config, mode)
     spark_nodes = sum(1 for r in roles if not r.on_driver)
     use_barrier = barrier_supported(sc)

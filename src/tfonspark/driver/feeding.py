@@ -45,8 +45,10 @@ def _is_dataframe(data: Any) -> bool:
 
 
 def _raise_typed(cluster: Cluster, exc: BaseException) -> None:
-    """Re-raise a failed feed job as NodeFailed or as the tfonspark error the task raised."""
+    """Re-raise a failed feed job as NodeFailed, a stalled feed, or the error the task raised."""
     cluster.check()
+    if cluster.feed_errors:
+        raise cluster.feed_errors.pop(0) from exc
     match = _TYPED.search(str(exc))
     if match:
         cls = getattr(errors, match.group(1), None)
@@ -75,6 +77,7 @@ def train(cluster: Cluster, data: Any, num_epochs: int, feed_timeout: float, qna
     if not isinstance(num_epochs, int) or num_epochs < 1:
         raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
     feeder = _feeder(cluster, qname, feed_timeout)
+    cluster.feed_errors.clear()  # stalls reported for an earlier feed are not this one's
     delivered = cluster.sc.accumulator(0)
 
     def count(n: int) -> int:

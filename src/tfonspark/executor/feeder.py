@@ -12,6 +12,7 @@ import gc
 import itertools
 import select
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -92,13 +93,21 @@ class _Link:
 class Feeder:
     """The picklable feed-task functions for one ``train``/``inference`` call."""
 
-    def __init__(self, targets: list[FeedTarget], secret_hex: str, qname: str, feed_timeout: float) -> None:
+    def __init__(self, targets: list[FeedTarget], secret_hex: str, qname: str, feed_timeout: float,
+                 feed_id: str = "") -> None:
         if not targets:
             raise FeedError("no node of this cluster accepts data (all are ps/evaluator, or none is up)")
         self.targets = targets
         self.secret = bytes.fromhex(secret_hex)
         self.qname = qname
         self.feed_timeout = float(feed_timeout)
+        #: made on the driver, so every task of one train()/inference() call shares it: with the
+        #: partition index it lets a node recognise a retried partition it already delivered
+        self.feed_id = feed_id or uuid.uuid4().hex
+
+    def _start(self, link: _Link, train: bool, names: list[str] | None = None) -> m.FeedStart:
+        return m.FeedStart(self.qname, train, link.partition, names or [], self.feed_id,
+                           _attempt(), self.feed_timeout)
 
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
@@ -128,7 +137,7 @@ class Feeder:
     def _send_partition(self, link: _Link, batches: Iterator[ColumnBatch], train: bool,
                         names: list[str] | None = None) -> int:
         """Stream ``batches`` over ``link``; stop early if the node asks to."""
-        m.send_message(link.conn, m.FeedStart(self.qname, train, link.partition, names or []))
+        m.send_message(link.conn, self._start(link, train, names))
         count = 0
         for batch in batches:
             if link.stop_requested():
@@ -216,7 +225,7 @@ class Feeder:
                     sent: dict[str, Any]) -> None:
         count = 0
         try:
-            m.send_message(link.conn, m.FeedStart(self.qname, False, partition))
+            m.send_message(link.conn, self._start(link, False))
             for batch in batches:
                 link.conn.send(*encode_batch(batch))
                 count += batch.count
@@ -294,6 +303,14 @@ def _arrow_batches(partition: int, batches: Iterator[Any]) -> Iterator[ColumnBat
         if rb.num_rows:
             yield arrow_to_columns(rb, partition, first_row)
             first_row += rb.num_rows
+
+
+def _attempt() -> int:
+    """This Spark task's attempt number (0 outside a task)."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    return int(task.attemptNumber()) if task is not None else 0
 
 
 def _partition_id(task: Any) -> int:

@@ -73,6 +73,8 @@ class DataFeed:
                 if stop_at_boundary:
                     return False
                 continue
+            if stream is not None and not stream.train and stream.closed.is_set():
+                continue  # its feeder is gone: Spark retries the partition, whose results count
             self._pending = (stream, item, 0)
         return True
 

@@ -11,36 +11,39 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import socket
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import FeedError, ProtocolError
 from ..wire import messages as m
-from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch
-from ..wire.framing import (
-    Connection,
-    RecvBuffers,
-    listen_unix,
-    remove_unix_socket,
-    server_handshake,
-)
+from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
+from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
+from ..wire.listener import Listener
 
 __all__ = ["END_FEED", "ByteQueue", "FeedServer", "Stream"]
 
 log = logging.getLogger(__name__)
 END_FEED = object()
+#: a feeder sends its FeedStart right after connecting
+_FIRST_MESSAGE_SECS = 30.0
 
 
 class Stream:
-    """One partition arriving over one connection."""
+    """One partition attempt arriving over one connection."""
 
     def __init__(self, conn: Connection, start: m.FeedStart) -> None:
         self.conn = conn
         self.partition = start.partition
         self.train = start.train
         self.columns = start.columns
+        self.timeout = float(start.timeout)
+        #: names the partition across attempts; "" (an old feeder) means no de-duplication
+        self.key = (start.feed_id, start.partition) if start.feed_id else None
         self.received = 0
         self.answered = 0
         self.ended = False
@@ -56,19 +59,26 @@ class Stream:
         self.maybe_finish()
 
     def answer(self, results: ColumnBatch) -> None:
-        """Send results back to the feeder of this partition."""
+        """Send results back to the feeder of this partition (within the feed's timeout)."""
+        if self.closed.is_set():
+            return  # the feeder is gone; Spark reports or retries its task
         try:
             self.conn.send(*encode_batch(results))
         except OSError as exc:
-            # the feed task is gone (it failed, was cancelled, or its executor died) and Spark
-            # reports or retries it; map_fun must keep serving the other partitions
-            log.warning("feed server: results for partition %s dropped, its feeder is gone (%s)",
-                        self.partition, exc)
-            self.closed.set()
+            # the feed task failed, was cancelled, its executor died, or it stopped reading for
+            # feed_timeout; map_fun must keep serving the other partitions
+            log.warning("feed server: results for partition %s dropped, its feeder is gone or "
+                        "stopped reading for %.0fs (%s)", self.partition, self.timeout, exc)
+            self.abandon()
             return
         with self._lock:
             self.answered += results.count
         self.maybe_finish()
+
+    def abandon(self) -> None:
+        """The feeder is gone: drop what is left of this attempt (see ``DataFeed``)."""
+        self.closed.set()
+        self.conn.close()
 
     def maybe_finish(self) -> None:
         """After the last result of an inference partition, tell the feeder and close."""
@@ -85,25 +95,86 @@ class Stream:
             self.conn.close()  # the partition is complete; nothing more travels on it
 
 
+class ConsumerStalled(TimeoutError):
+    """``map_fun`` took no data for the feed's timeout while a feeder waited to deliver."""
+
+
+def _holding_limit(timeout: float) -> float:
+    """How long a receiving thread waits for room: past the feeder's own feed_timeout, so the
+    feeder reports the stall (FeedTimeout naming this node) before this side hangs up."""
+    return 1.5 * timeout + 5.0
+
+
 class ByteQueue:
-    """A FIFO bounded by the bytes it holds (always admits one item, however large)."""
+    """A FIFO bounded by the bytes it holds, staged or queued (always admits one item).
+
+    ``nbytes`` counts queued (committed, not yet read) bytes; ``reserved`` the bytes of training
+    partitions still arriving, held in memory until their end marker (see :class:`_Staging`).
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.nbytes = 0
+        self.reserved = 0
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._cond = threading.Condition()
         self.aborted = False
 
-    def put(self, stream: Any, item: Any, nbytes: int = 0) -> bool:
-        """Block while full; False if the queue was aborted (item dropped)."""
+    def _wait(self, full: Callable[[], bool], deadline: float | None) -> None:
+        while full() and not self.aborted:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ConsumerStalled("map_fun read no data while the feed waited")
+            self._cond.wait(left)
+
+    def put(self, stream: Any, item: Any, nbytes: int = 0, timeout: float | None = None) -> bool:
+        """Block while full (up to ``timeout``); False if the queue was aborted (item dropped)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self.nbytes and self.nbytes + nbytes > self.capacity and not self.aborted:
-                self._cond.wait()
+            self._wait(lambda: nbytes > 0 and self.nbytes > 0
+                       and self.nbytes + self.reserved + nbytes > self.capacity, deadline)
             if self.aborted:
                 return False
             self._items.append((stream, item, nbytes))
             self.nbytes += nbytes
+            self._cond.notify_all()
+            return True
+
+    def reserve(self, nbytes: int, timeout: float) -> bool | None:
+        """Room to stage ``nbytes`` in memory: True, False (spill: waiting frees nothing), None (aborted).
+
+        Waits (up to ``timeout``, then ConsumerStalled) only while map_fun has queued data to
+        read, so the wait ends when it reads; staged bytes alone cannot shrink by waiting.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            used = lambda: self.nbytes + self.reserved  # noqa: E731
+            self._wait(lambda: self.nbytes > 0 and used() + nbytes > self.capacity, deadline)
+            if self.aborted:
+                return None
+            if used() + nbytes <= self.capacity or used() == 0:
+                self.reserved += nbytes
+                return True
+            return False
+
+    def release(self, nbytes: int) -> None:
+        """Give back staged bytes of a partition attempt that will never be committed."""
+        if nbytes:
+            with self._cond:
+                self.reserved -= nbytes
+                self._cond.notify_all()
+
+    def commit(self, stream: Any, items: list[tuple[Any, int]], staged: int) -> bool:
+        """Queue a whole partition at once (its ``staged`` bytes were reserved); never blocks."""
+        with self._cond:
+            self.reserved -= staged
+            if self.aborted:
+                self._cond.notify_all()
+                return False
+            for batch, nbytes in items:
+                self._items.append((stream, batch, nbytes))
+                self.nbytes += nbytes
+            self._items.append((stream, None, 0))  # partition boundary marker
             self._cond.notify_all()
             return True
 
@@ -116,7 +187,9 @@ class ByteQueue:
             stream, item, nbytes = self._items.popleft()
             self.nbytes -= nbytes
             self._cond.notify_all()
-            return stream, item
+        if isinstance(item, SpilledBatch):
+            item = item.load()
+        return stream, item
 
     def abort(self) -> None:
         """Drop everything queued and release blocked producers (``terminate``)."""
@@ -127,12 +200,105 @@ class ByteQueue:
             self._cond.notify_all()
 
 
+class _SpillFile:
+    """An unlinked temporary file holding spilled batch frames; closed after its last read."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="tfos-spill-")  # noqa: SIM115 (closed below)
+        self.size = 0
+        self.unread = 0
+        self._lock = threading.Lock()
+
+    def append(self, payload: memoryview) -> SpilledBatch:
+        self.file.write(payload)
+        self.unread += 1
+        batch = SpilledBatch(self, self.size, len(payload))
+        self.size += len(payload)
+        return batch
+
+    def read(self, offset: int, length: int) -> memoryview:
+        buf = bytearray(length)
+        with self._lock:
+            got = os.preadv(self.file.fileno(), [buf], offset)
+            self.unread -= 1
+            if self.unread == 0:
+                self.file.close()
+        if got != length:
+            raise ProtocolError(f"spilled batch: read {got} of {length} bytes")
+        return memoryview(buf)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class SpilledBatch:
+    """A staged batch that went to disk; read back (and decoded) when map_fun takes it."""
+
+    def __init__(self, spill: _SpillFile, offset: int, length: int) -> None:
+        self.spill, self.offset, self.length = spill, offset, length
+
+    def load(self) -> ColumnBatch:
+        return decode_batch(self.spill.read(self.offset, self.length))
+
+
+class _Staging:
+    """A training partition held back until its end marker, so a failed attempt is never read.
+
+    Batches stay in memory while the queue has room; a partition that alone outgrows the buffer
+    continues into an unlinked temporary file (gone with the process, whatever happens), read
+    back one batch at a time as map_fun takes them, so memory stays bounded.
+    """
+
+    def __init__(self, queue: ByteQueue) -> None:
+        self.queue = queue
+        self.staged = 0  # bytes reserved in the queue
+        self.parts: list[tuple[ColumnBatch | SpilledBatch, int]] = []
+        self._spill: _SpillFile | None = None
+
+    def add(self, payload: memoryview, timeout: float) -> bool:
+        """Stage one batch frame; False if the queue was aborted (``terminate``)."""
+        nbytes = len(payload)
+        if self._spill is None:  # once spilling, keep order: everything after goes to the file too
+            room = self.queue.reserve(nbytes, timeout)
+            if room is None:
+                return False
+            if room:
+                self.staged += nbytes
+                self.parts.append((decode_batch(payload), nbytes))
+                return True
+            self._spill = _SpillFile()
+        self.parts.append((self._spill.append(payload), nbytes))
+        return True
+
+    def batches(self) -> list[tuple[ColumnBatch | SpilledBatch, int]]:
+        """The staged batches in order, handed over to the queue."""
+        if self._spill is not None:
+            self._spill.file.flush()
+            self._spill = None  # the queue's SpilledBatch items own it now
+        parts, self.parts = self.parts, []
+        return parts
+
+    def discard(self) -> None:
+        """Drop the attempt: give its memory back, close (and so delete) its file."""
+        self.queue.release(self.staged)
+        self.staged = 0
+        self.parts = []
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
+
+
 class FeedServer:
     """Accepts authenticated feed connections and fills one ByteQueue per queue name.
 
     It listens on TCP (signed frames, for feeders on other executors) and, where the platform
     allows, on a Unix socket in a private directory (``unix_path``; unsigned frames after the
     handshake, for feeders on this executor: see :mod:`..wire.framing`).
+
+    Training partitions are delivered exactly once per partition: a partition's rows reach the
+    queue only when its end marker arrived, and only the first complete attempt of a partition
+    (``feed_id``, ``partition``) is kept; a retried or speculative attempt of a partition that
+    was already delivered is read and dropped, then acknowledged.
     """
 
     def __init__(self, secret: bytes, buffer_bytes: int = 64 * 1024 * 1024, host: str = "127.0.0.1",
@@ -143,19 +309,22 @@ class FeedServer:
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
+        self._delivered: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self._sock.listen(256)
-        self.port = int(self._sock.getsockname()[1])
-        self._unix = listen_unix("tfos-feed-")
-        self.unix_path = self._unix.getsockname() if self._unix is not None else ""
-        threading.Thread(target=self._accept, args=(self._sock, True), daemon=True, name="tfos-feed").start()
-        if self._unix is not None:
-            threading.Thread(target=self._accept, args=(self._unix, False), daemon=True,
-                             name="tfos-feed-unix").start()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((host, 0))
+        sock.listen(256)
+        self.address: tuple[str, int] = tuple(sock.getsockname()[:2])  # type: ignore[assignment]
+        self.port = self.address[1]
+        unix = listen_unix("tfos-feed-")
+        self.unix_path = unix.getsockname() if unix is not None else ""
+        # feeders on other executors: signed TCP; on this executor: the private Unix socket
+        self._listeners = [Listener(sock, secret, self._serve, name="tfos-feed")]
+        if unix is not None:
+            self._listeners.append(Listener(unix, secret, self._serve, signed=False,
+                                            name="tfos-feed-unix"))
 
     def queue(self, qname: str) -> ByteQueue:
         with self._lock:
@@ -163,71 +332,114 @@ class FeedServer:
                 self._queues[qname] = ByteQueue(self.buffer_bytes)
             return self._queues[qname]
 
-    def _accept(self, listener: socket.socket, signed: bool) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, signed), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, signed: bool) -> None:
-        try:
-            conn = server_handshake(sock, self.secret, signed=signed)
-        except (OSError, ProtocolError):
-            log.warning("feed server: dropped a connection that failed authentication")
-            sock.close()
-            return
+    def _serve(self, conn: Connection) -> bool:
+        """Serve one authenticated connection; True if it must stay open (inference results)."""
         conn.buffers = self._buffers
-        keep_open = False
         try:
+            conn.settimeout(_FIRST_MESSAGE_SECS)
             msg = m.recv_message(conn, m.FeedStart, m.FeedClose)
             if isinstance(msg, m.FeedClose):
                 self.queue(msg.qname).put(None, END_FEED)
                 m.send_message(conn, m.Ack())
-            else:
-                assert isinstance(msg, m.FeedStart)
-                keep_open = self._receive(conn, msg)
+                return False
+            assert isinstance(msg, m.FeedStart)
+            conn.settimeout(msg.timeout)  # every later read and send waits at most feed_timeout
+            return self._receive(conn, msg)
+        except ConsumerStalled:
+            return False  # the feeder times out too and names this node (FeedTimeout)
         except (OSError, ProtocolError) as exc:
             log.warning("feed server: feed connection failed: %s", exc)
-        finally:
-            if not keep_open:
-                conn.close()
+            return False
 
     def _receive(self, conn: Connection, start: m.FeedStart) -> bool:
-        """Read one partition into the queue; True if the connection must stay open for results."""
+        """Read one partition; True if the connection must stay open for results."""
         stream = Stream(conn, start)
         queue = self.queue(start.qname)
         with self._lock:
-            # inference streams stay here until answered, so terminate() reaches their feeders
+            # streams stay here until done, so terminate() reaches their feeders
             self._streams = {s for s in self._streams if not s.closed.is_set()}
             self._streams.add(stream)
         keep_open = False
         try:
-            while True:
-                payload = conn.recv()
-                if self.terminated:
-                    return self._drain(stream, payload)
-                if bytes(payload[:1]) == BATCH_KIND:
-                    batch = decode_batch(payload)
-                    stream.received += batch.count
-                    if not queue.put(stream, batch, len(payload)):
-                        return self._drain(stream, None)
-                    continue
-                end = m.decode(payload)
-                if not isinstance(end, m.FeedEnd):
-                    raise ProtocolError(f"expected a batch or feed_end, received {end.TYPE}")
-                queue.put(stream, None)  # partition boundary marker
-                stream.end(end.count)
-                if start.train:
-                    m.send_message(conn, m.Ack(end.count))
-                    return False
-                keep_open = True
-                return True
+            keep_open = (self._receive_train(stream, queue) if start.train
+                         else self._receive_inference(stream, queue))
+            return keep_open
+        except TimeoutError as exc:
+            if isinstance(exc, ConsumerStalled):
+                raise
+            self._stalled(stream)
+            return False
         finally:
             if not keep_open:
+                stream.closed.set()  # an inference attempt cut short: DataFeed skips its rows
                 with self._lock:
                     self._streams.discard(stream)
+
+    def _receive_train(self, stream: Stream, queue: ByteQueue) -> bool:
+        staging = _Staging(queue)
+        try:
+            while True:
+                payload = stream.conn.recv()
+                if self.terminated:
+                    return self._drain(stream, payload)
+                if bytes(payload[:1]) != BATCH_KIND:
+                    break
+                stream.received += batch_count(payload)
+                if not staging.add(payload, _holding_limit(stream.timeout)):
+                    return self._drain(stream, None)
+            count = self._end(stream, payload)
+            if self._first_delivery(stream) and queue.commit(stream, staging.batches(), staging.staged):
+                staging.staged = 0
+            m.send_message(stream.conn, m.Ack(count))
+            return False
+        finally:
+            staging.discard()
+
+    def _receive_inference(self, stream: Stream, queue: ByteQueue) -> bool:
+        while True:
+            payload = stream.conn.recv()
+            if self.terminated:
+                return self._drain(stream, payload)
+            if bytes(payload[:1]) != BATCH_KIND:
+                break
+            batch = decode_batch(payload)
+            stream.received += batch.count
+            if not queue.put(stream, batch, len(payload), _holding_limit(stream.timeout)):
+                return self._drain(stream, None)
+        self._end(stream, payload)
+        queue.put(stream, None)  # partition boundary marker
+        stream.end(stream.received)
+        return True
+
+    @staticmethod
+    def _end(stream: Stream, payload: memoryview) -> int:
+        """The partition's end marker: its row count must match what arrived."""
+        end = m.decode(payload)
+        if not isinstance(end, m.FeedEnd):
+            raise ProtocolError(f"expected a batch or feed_end, received {end.TYPE}")
+        if end.count != stream.received:
+            raise ProtocolError(f"partition {stream.partition}: feeder sent {end.count} rows, "
+                                f"{stream.received} arrived")
+        return end.count
+
+    def _first_delivery(self, stream: Stream) -> bool:
+        """True for the first complete attempt of a partition; later ones are dropped."""
+        if stream.key is None:
+            return True
+        with self._lock:
+            if stream.key in self._delivered:
+                log.info("feed server: partition %s was already delivered; dropped a repeated "
+                         "attempt (a Spark retry or speculative task)", stream.partition)
+                return False
+            self._delivered.add(stream.key)
+            return True
+
+    def _stalled(self, stream: Stream) -> None:
+        """A feeder sent nothing for its feed_timeout: drop its attempt and tell the driver."""
+        log.warning("feed server: partition %s: the feeder sent nothing for feed_timeout=%.0fs; "
+                    "its rows were dropped", stream.partition, stream.timeout)
+        self.on_event("feed_stalled", {"partition": stream.partition, "timeout": stream.timeout,
+                                       "received": stream.received, "train": stream.train})
 
     def _drain(self, stream: Stream, payload: memoryview | None) -> bool:
         """After terminate(): tell the feeder to stop, discard what it already sent."""
@@ -255,14 +467,14 @@ class FeedServer:
                 m.send_message(stream.conn, m.Terminate())
 
     def close(self) -> None:
+        """Stop taking data and close every connection; remove the Unix socket's directory."""
         self.terminate()
-        for listener in (self._sock, self._unix):
-            if listener is None:
-                continue
-            with contextlib.suppress(OSError):  # wakes the thread in accept(); close() alone does not
-                listener.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                listener.close()
+        for listener in self._listeners:
+            listener.close()
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.conn.close()
         remove_unix_socket(self.unix_path)
 
 

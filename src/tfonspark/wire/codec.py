@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError, ProtocolError
 
-__all__ = ["ColumnBatch", "Scratch", "decode_batch", "encode_batch", "pack_rows"]
+__all__ = ["ColumnBatch", "Scratch", "batch_count", "decode_batch", "encode_batch", "pack_rows"]
 
 BATCH_KIND = b"B"
 _LEN = struct.Struct(">I")
@@ -83,8 +83,22 @@ def encode_batch(batch: ColumnBatch) -> list[Any]:
             blob = pickle.dumps(list(col), protocol=pickle.HIGHEST_PROTOCOL)
             cols_meta.append({"pickle": len(blob)})
             buffers.append(blob)
-    header = json.dumps({"layout": batch.layout, "names": batch.names, "cols": cols_meta}).encode()
+    header = json.dumps({"layout": batch.layout, "names": batch.names, "count": batch.count,
+                         "cols": cols_meta}).encode()
     return [BATCH_KIND + _LEN.pack(len(header)) + header, *buffers]
+
+
+def batch_count(payload: memoryview) -> int:
+    """The row count of a batch frame, read from its header alone (nothing is unpickled)."""
+    try:
+        (hlen,) = _LEN.unpack_from(payload, 1)
+        header = json.loads(bytes(payload[1 + _LEN.size : 1 + _LEN.size + hlen]))
+        count = header["count"] if "count" in header else decode_batch(payload).count
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"bad row count {count!r}")
+        return count
+    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        raise ProtocolError(f"malformed batch frame: {exc}") from None
 
 
 def decode_batch(payload: memoryview) -> ColumnBatch:
