@@ -39,8 +39,10 @@ def listening_ports() -> set[int]:
 
 
 def feed_socket_dirs() -> list[str]:
-    """The private directories of the TF processes' Unix feed sockets (wire.framing.listen_unix)."""
-    return glob.glob(os.path.join(tempfile.gettempdir(), "tfos-feed-*"))
+    """Private dirs a node may leave behind: its TMPDIR (``tfos-node-*``, made by the supervisor)
+    and a Unix feed socket's directory made outside one (``wire.framing.listen_unix``)."""
+    tmp = tempfile.gettempdir()
+    return glob.glob(os.path.join(tmp, "tfos-feed-*")) + glob.glob(os.path.join(tmp, "tfos-node-*"))
 
 
 @pytest.fixture

@@ -49,7 +49,9 @@ def pair():
 
 
 def _feed_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "tfos-feed-*")))
+    """Feed socket dirs and the TF processes' private temp dirs (which hold them under a supervisor)."""
+    tmp = tempfile.gettempdir()
+    return set(glob.glob(os.path.join(tmp, "tfos-feed-*")) + glob.glob(os.path.join(tmp, "tfos-node-*")))
 
 
 def _alive(pid: int) -> bool:
@@ -532,3 +534,24 @@ def test_start_node_raises_when_the_supervisor_cannot_reach_the_driver():
         port = unused.getsockname()[1]
     with pytest.raises(ClusterError, match="could not start"):
         start_node(_config(driver_port=port), 0, b"", [], wait_for_exit=False)
+
+
+def test_the_tf_process_temp_files_go_with_it(driver, tmp_path):
+    """Its TMPDIR is a private directory the supervisor removes however the TF process ends."""
+    fake = driver(heartbeat_secs=0.2)
+    config = _config(driver_port=fake.port, heartbeat_secs=0.2)
+
+    def map_fun(args, ctx):
+        import json
+        import tempfile
+
+        _, path = tempfile.mkstemp()  # e.g. checkpoint scratch, or TensorFlow's own
+        with open(args, "w") as out:
+            json.dump({"tmp": tempfile.gettempdir(), "file": path}, out)
+
+    sup = Supervisor(config, 0, [], _payload(map_fun, str(tmp_path / "out")))
+    assert sup.run() == 0
+    seen = json.loads((tmp_path / "out").read_text())
+    assert os.path.basename(seen["tmp"]).startswith("tfos-node-")
+    assert seen["file"].startswith(seen["tmp"] + os.sep)
+    assert not os.path.exists(seen["tmp"])

@@ -5,9 +5,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import socket
 
-__all__ = ["bind_address", "executor_key", "is_wildcard", "local_ip_towards", "reserve_port"]
+__all__ = [
+    "SCRATCH_PREFIX",
+    "bind_address",
+    "executor_key",
+    "is_wildcard",
+    "local_ip_towards",
+    "remove_scratch",
+    "reserve_port",
+]
 
 _WILDCARDS = ("", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0")
 
@@ -86,3 +95,13 @@ def reserve_port(port: int = 0, ipv6: bool = False) -> socket.socket:
             raise
     sock.set_inheritable(True)
     return sock
+
+
+#: prefix of a TF process's private temp directory (its TMPDIR), made by its supervisor
+SCRATCH_PREFIX = "tfos-node-"
+
+
+def remove_scratch(path: str) -> None:
+    """Remove a TF process's private temp directory (only one named by SCRATCH_PREFIX)."""
+    if path and os.path.basename(path.rstrip(os.sep)).startswith(SCRATCH_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO, Any
@@ -32,7 +33,7 @@ from ..errors import ProtocolError
 from ..wire import messages as m
 from ..wire.bootstrap import read_bootstrap, write_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
-from .host import executor_key, local_ip_towards, reserve_port
+from .host import SCRATCH_PREFIX, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 STATUS_PREFIX = "TFOS-STATUS "
 TAIL_LINES = 60
@@ -58,6 +59,7 @@ class Supervisor:
         self.stopping = False
         self.proc: subprocess.Popen | None = None
         self.data_path = ""  # the TF process's feed socket, removed after it exits
+        self.scratch = ""  # the TF process's TMPDIR, removed after it exits
         self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
         self._spawning = False
         self._lock = threading.Lock()
@@ -110,6 +112,7 @@ class Supervisor:
             self.done.set()
             _kill_group(proc.pid)  # children it left behind (TensorBoard, helpers)
             remove_unix_socket(self.data_path)  # left behind if the TF process was killed
+            remove_scratch(self.scratch)
         tee.join(timeout=5)
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], self.stopping)
         with contextlib.suppress(OSError):
@@ -138,6 +141,10 @@ class Supervisor:
         from ..driver.plan import build_tf_config
 
         env = dict(os.environ)
+        # every temp file of the TF process (its feed socket, checkpoint scratch, TensorFlow's
+        # and the user's own) lands in one private directory that is removed when it exits
+        self.scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+        env["TMPDIR"] = env["TMP"] = env["TEMP"] = self.scratch
         env["TF_CONFIG"] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env["PYTHONUNBUFFERED"] = "1"
         if self.gpus:

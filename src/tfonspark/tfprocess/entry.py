@@ -23,7 +23,7 @@ import traceback
 from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
-from ..executor.host import bind_address
+from ..executor.host import bind_address, remove_scratch
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import remove_unix_socket
 from .context import NodeContext
@@ -50,6 +50,7 @@ def _parent_gone() -> None:
     locked = _cleanup_lock.acquire(timeout=5)  # the main thread may be creating the socket
     try:
         remove_unix_socket(_State.feed_path)
+        remove_scratch(os.environ.get("TMPDIR", ""))  # the private temp dir our supervisor made
     finally:
         if locked:
             _cleanup_lock.release()
