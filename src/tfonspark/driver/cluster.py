@@ -238,7 +238,10 @@ class Cluster:
         self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes),
                              grace_secs + 15)
         self._cancel_feeds()
-        if self.launcher is not None and not self.launcher.join(10):
+        # a lost node's task may never return (its supervisor is frozen or its host gone):
+        # then there is nothing to wait for, and the node job is cancelled at once
+        lost = any(n.lost for n in self.server.nodes.values())
+        if self.launcher is not None and (lost or not self.launcher.join(10)):
             self.launcher.cancel()
             self.launcher.join(10)
         self.server.close()
