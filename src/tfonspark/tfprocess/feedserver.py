@@ -375,19 +375,32 @@ class FeedServer:
                 with self._lock:
                     self._streams.discard(stream)
 
+    def _read_partition(self, stream: Stream, take: Callable[[memoryview], bool]) -> int | None:
+        """Frames of one partition until its end marker, each batch to ``take``; the row count,
+        or None once the feed was terminated (``take`` returning False means the same)."""
+        while True:
+            payload = stream.conn.recv()
+            if self.terminated:
+                self._drain(stream, payload)
+                return None
+            if bytes(payload[:1]) != BATCH_KIND:
+                return self._end(stream, payload)
+            if not take(payload):
+                self._drain(stream, None)
+                return None
+
     def _receive_train(self, stream: Stream, queue: ByteQueue) -> bool:
         staging = _Staging(queue)
+        limit = _holding_limit(stream.timeout)
+
+        def take(payload: memoryview) -> bool:
+            stream.received += batch_count(payload)
+            return staging.add(payload, limit)
+
         try:
-            while True:
-                payload = stream.conn.recv()
-                if self.terminated:
-                    return self._drain(stream, payload)
-                if bytes(payload[:1]) != BATCH_KIND:
-                    break
-                stream.received += batch_count(payload)
-                if not staging.add(payload, _holding_limit(stream.timeout)):
-                    return self._drain(stream, None)
-            count = self._end(stream, payload)
+            count = self._read_partition(stream, take)
+            if count is None:
+                return False
             if self._first_delivery(stream) and queue.commit(stream, staging.batches(), staging.staged):
                 staging.staged = 0
             m.send_message(stream.conn, m.Ack(count))
@@ -396,17 +409,15 @@ class FeedServer:
             staging.discard()
 
     def _receive_inference(self, stream: Stream, queue: ByteQueue) -> bool:
-        while True:
-            payload = stream.conn.recv()
-            if self.terminated:
-                return self._drain(stream, payload)
-            if bytes(payload[:1]) != BATCH_KIND:
-                break
+        limit = _holding_limit(stream.timeout)
+
+        def take(payload: memoryview) -> bool:
             batch = decode_batch(payload)
             stream.received += batch.count
-            if not queue.put(stream, batch, len(payload), _holding_limit(stream.timeout)):
-                return self._drain(stream, None)
-        self._end(stream, payload)
+            return queue.put(stream, batch, len(payload), limit)
+
+        if self._read_partition(stream, take) is None:
+            return False
         queue.put(stream, None)  # partition boundary marker
         stream.end(stream.received)
         return True
@@ -441,18 +452,15 @@ class FeedServer:
         self.on_event("feed_stalled", {"partition": stream.partition, "timeout": stream.timeout,
                                        "received": stream.received, "train": stream.train})
 
-    def _drain(self, stream: Stream, payload: memoryview | None) -> bool:
+    @staticmethod
+    def _drain(stream: Stream, payload: memoryview | None) -> None:
         """After terminate(): tell the feeder to stop, discard what it already sent."""
         try:
             m.send_message(stream.conn, m.Terminate())
-        except OSError:
-            return False
-        while payload is None or bytes(payload[:1]) == BATCH_KIND:
-            try:
+            while payload is None or bytes(payload[:1]) == BATCH_KIND:
                 payload = stream.conn.recv()
-            except (OSError, ProtocolError):
-                return False
-        return False
+        except (OSError, ProtocolError):
+            pass
 
     def terminate(self) -> None:
         """Stop accepting data: queued batches are dropped, feeders told to stop sending."""
