@@ -63,6 +63,7 @@ class Cluster:
         self.driver_nodes: list[threading.Thread] = []
         self.feed_groups: set[str] = set()
         self.feed_errors: list[FeedTimeout] = []  # stalled feeds the nodes reported
+        self.feeding = ""  # feed_id of the running train(), if any
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
 
@@ -93,7 +94,8 @@ class Cluster:
             "rows (a stalled Spark task or executor); the feed was cancelled. Raise feed_timeout if "
             "computing a partition's rows can take longer.")
         log.warning("%s", error)
-        if detail.get("train", True):
+        # only the running train() is cancelled: a late report about an earlier feed is logged
+        if detail.get("train", True) and detail.get("feed_id", "") in ("", self.feeding):
             self.feed_errors.append(error)
             self._cancel_feeds()
 

@@ -93,12 +93,15 @@ def train(cluster: Cluster, data: Any, num_epochs: int, feed_timeout: float, qna
         action = lambda: sum(rdd.mapPartitionsWithIndex(feeder.train_rdd).map(count).collect())  # noqa: E731
     else:
         raise ConfigError(f"train() takes a Spark RDD or DataFrame. Received: {type(data).__name__}")
+    cluster.feeding = feeder.feed_id
     try:
         result = _run_feed_job(cluster, f"tfonspark train {cluster.cluster_id[:8]}", action)
     except FeedError:
         if not _all_data_nodes_done(cluster):
             raise
         return int(delivered.value)
+    finally:
+        cluster.feeding = ""
     cluster.check()
     return int(result)
 

@@ -450,7 +450,8 @@ class FeedServer:
         log.warning("feed server: partition %s: the feeder sent nothing for feed_timeout=%.0fs; "
                     "its rows were dropped", stream.partition, stream.timeout)
         self.on_event("feed_stalled", {"partition": stream.partition, "timeout": stream.timeout,
-                                       "received": stream.received, "train": stream.train})
+                                       "received": stream.received, "train": stream.train,
+                                       "feed_id": stream.key[0] if stream.key else ""})
 
     @staticmethod
     def _drain(stream: Stream, payload: memoryview | None) -> None:
