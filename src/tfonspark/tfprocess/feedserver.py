@@ -203,8 +203,9 @@ class ByteQueue:
 class _SpillFile:
     """An unlinked temporary file holding spilled batch frames; closed after its last read."""
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: RecvBuffers | None = None) -> None:
         self.file = tempfile.TemporaryFile(prefix="tfos-spill-")  # noqa: SIM115 (closed below)
+        self.buffers = buffers  # read back into reused memory, as received frames are
         self.size = 0
         self.unread = 0
         self._lock = threading.Lock()
@@ -217,7 +218,7 @@ class _SpillFile:
         return batch
 
     def read(self, offset: int, length: int) -> memoryview:
-        buf = bytearray(length)
+        buf = self.buffers.take(length) if self.buffers is not None else memoryview(bytearray(length))
         with self._lock:
             got = os.preadv(self.file.fileno(), [buf], offset)
             self.unread -= 1
@@ -225,7 +226,7 @@ class _SpillFile:
                 self.file.close()
         if got != length:
             raise ProtocolError(f"spilled batch: read {got} of {length} bytes")
-        return memoryview(buf)
+        return buf
 
     def close(self) -> None:
         self.file.close()
@@ -249,8 +250,9 @@ class _Staging:
     back one batch at a time as map_fun takes them, so memory stays bounded.
     """
 
-    def __init__(self, queue: ByteQueue) -> None:
+    def __init__(self, queue: ByteQueue, buffers: RecvBuffers | None = None) -> None:
         self.queue = queue
+        self.buffers = buffers
         self.staged = 0  # bytes reserved in the queue
         self.parts: list[tuple[ColumnBatch | SpilledBatch, int]] = []
         self._spill: _SpillFile | None = None
@@ -266,7 +268,7 @@ class _Staging:
                 self.staged += nbytes
                 self.parts.append((decode_batch(payload), nbytes))
                 return True
-            self._spill = _SpillFile()
+            self._spill = _SpillFile(self.buffers)
         self.parts.append((self._spill.append(payload), nbytes))
         return True
 
@@ -390,7 +392,7 @@ class FeedServer:
                 return None
 
     def _receive_train(self, stream: Stream, queue: ByteQueue) -> bool:
-        staging = _Staging(queue)
+        staging = _Staging(queue, self._buffers)
         limit = _holding_limit(stream.timeout)
 
         def take(payload: memoryview) -> bool:
