@@ -11,7 +11,6 @@ serving the others.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import socket
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError, ProtocolError
+from ..executor.host import is_wildcard
 from ..wire import messages as m
 from ..wire.framing import Connection
 from ..wire.listener import Listener
@@ -90,14 +90,6 @@ def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4
     )
 
 
-def _is_wildcard(host: str) -> bool:
-    """True for an address that means "every interface" (never one to connect to)."""
-    try:
-        return not host or ipaddress.ip_address(host).is_unspecified
-    except ValueError:  # a host name
-        return False
-
-
 class RendezvousServer:
     """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them.
 
@@ -142,9 +134,9 @@ class RendezvousServer:
         sock = bind_server_socket(bind_host, port_spec if port_spec is not None
                                   else os.environ.get("TFOS_SERVER_PORT"))
         bound, port = sock.getsockname()[:2]
-        if not _is_wildcard(bind_host) and not _is_wildcard(bound):
+        if not is_wildcard(bind_host) and not is_wildcard(bound):
             return sock, (bound, port)
-        if _is_wildcard(host):
+        if is_wildcard(host):
             sock.close()
             raise ConfigError(f"the rendezvous server binds to the wildcard {bind_host!r} and needs "
                               f"a real address to advertise to executors. Received: host={host!r}")

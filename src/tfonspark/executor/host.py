@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import os
 import shutil
 import socket
@@ -18,12 +19,13 @@ __all__ = [
     "reserve_port",
 ]
 
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0")
-
-
 def is_wildcard(host: str) -> bool:
     """True for an address that means "every interface": never one to advertise to peers."""
-    return host.strip() in _WILDCARDS
+    address = host.strip().removeprefix("[").removesuffix("]")
+    try:
+        return not address or ipaddress.ip_address(address).is_unspecified
+    except ValueError:  # a host name
+        return False
 
 
 def executor_key() -> str:
