@@ -14,6 +14,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check $(LINT_DIRS)
+	$(PY) -m ruff format --check $(LINT_DIRS)
 	$(PY) -m mypy src
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
@@ -25,6 +26,7 @@ integration: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check $(LINT_DIRS)
+	$(PY) -m ruff format --check $(LINT_DIRS)
 
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy src

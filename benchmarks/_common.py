@@ -28,8 +28,10 @@ import numpy as np
 
 MASTER = "local-cluster[2,1,1024]"
 TFOS_VERSION = "2.2.5"
-TFOS_DIR = Path(os.environ.get("TFOS_BENCH_DIR", Path.home() / ".cache" / "tfonspark-bench")) / \
-    f"tensorflowonspark-{TFOS_VERSION}"
+TFOS_DIR = (
+    Path(os.environ.get("TFOS_BENCH_DIR", Path.home() / ".cache" / "tfonspark-bench"))
+    / f"tensorflowonspark-{TFOS_VERSION}"
+)
 _COUNT = "<q"  # a format, not a struct.Struct: this module is pickled by value
 _COUNT_SIZE = struct.calcsize(_COUNT)
 
@@ -169,8 +171,18 @@ def install_tfos() -> str:
     ``--no-deps``: TFoS only needs ``packaging`` and ``setuptools`` (``pkg_resources``), which the
     project venv has; ``--target`` keeps it out of the venv that the test suite uses.
     """
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-           "--target", str(TFOS_DIR), f"tensorflowonspark=={TFOS_VERSION}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--target",
+        str(TFOS_DIR),
+        f"tensorflowonspark=={TFOS_VERSION}",
+    ]
     print(f"# installing TensorFlowOnSpark {TFOS_VERSION}: {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode:
@@ -287,9 +299,13 @@ class NodeCounter:
 
 
 # ---- timing and reporting ------------------------------------------------------------------------
-_KINDS = (("tfonspark.tfprocess.entry", "tf"), ("tfonspark.executor.supervisor", "supervisor"),
-          ("pyspark.daemon", "pyworker"), ("CoarseGrainedExecutorBackend", "executor-jvm"),
-          ("java", "driver-jvm"))
+_KINDS = (
+    ("tfonspark.tfprocess.entry", "tf"),
+    ("tfonspark.executor.supervisor", "supervisor"),
+    ("pyspark.daemon", "pyworker"),
+    ("CoarseGrainedExecutorBackend", "executor-jvm"),
+    ("java", "driver-jvm"),
+)
 
 
 def _kind(proc: Any) -> str:
@@ -339,11 +355,16 @@ class Sample:
         return None if cpu is None or not self.rows else cpu / self.rows * 1e6
 
     def __str__(self) -> str:
-        text = (f"{self.rows:>9,} rows {self.seconds:7.2f}s {self.rate:>11,.0f} rows/s "
-                f"{fmt_us(self.cpu_us_per_row):>7} CPU us/row")
+        text = (
+            f"{self.rows:>9,} rows {self.seconds:7.2f}s {self.rate:>11,.0f} rows/s "
+            f"{fmt_us(self.cpu_us_per_row):>7} CPU us/row"
+        )
         if os.environ.get("TFOS_BENCH_CPU_DETAIL") and self.cpu_by_kind and self.rows:
-            text += " (" + ", ".join(f"{kind} {cpu / self.rows * 1e6:.1f}"
-                                     for kind, cpu in sorted(self.cpu_by_kind.items())) + ")"
+            text += (
+                " ("
+                + ", ".join(f"{kind} {cpu / self.rows * 1e6:.1f}" for kind, cpu in sorted(self.cpu_by_kind.items()))
+                + ")"
+            )
         return text
 
 
@@ -450,14 +471,22 @@ def add_run_args(p: Any, variants: list[str], batch_help: str) -> None:
     p.add_argument("--variants", default=",".join(variants), help=f"comma list of: {', '.join(variants)}")
     p.add_argument("--partitions", type=int, default=8, help="partitions of the data (default 8)")
     p.add_argument("--batch", type=int, default=1024, help=f"{batch_help} (default 1024)")
-    p.add_argument("--warmup", type=float, default=15.0,
-                   help="seconds of identical untimed jobs before each timed one (default 15): "
-                        "the JVMs' JIT compilers take about that long to stop competing for the "
-                        "cores, and until then the ratios depend on the order of the variants")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: small data, one repetition, no warm-up, one shared Spark context")
-    p.add_argument("--no-install", action="store_true",
-                   help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=15.0,
+        help="seconds of identical untimed jobs before each timed one (default 15): "
+        "the JVMs' JIT compilers take about that long to stop competing for the "
+        "cores, and until then the ratios depend on the order of the variants",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: small data, one repetition, no warm-up, one shared Spark context",
+    )
+    p.add_argument(
+        "--no-install", action="store_true", help="do not pip-install TFoS 2.2.5 if it is missing (skip that variant)"
+    )
 
 
 def quick_defaults(opts: Any, argv: list[str] | None, **values: Any) -> None:

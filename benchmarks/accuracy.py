@@ -60,12 +60,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mnist", default=str(DATA_ROOT / "mnist"), help="MNIST idx directory")
-    parser.add_argument("--fashion", default=str(DATA_ROOT / "fashion"),
-                        help="Fashion-MNIST idx directory")
-    parser.add_argument("--datasets", default="mnist,fashion",
-                        help="comma-separated: mnist, fashion (default: both)")
-    parser.add_argument("--modes", default="tensorflow,spark",
-                        help="comma-separated cluster runs: tensorflow, spark (default: both)")
+    parser.add_argument("--fashion", default=str(DATA_ROOT / "fashion"), help="Fashion-MNIST idx directory")
+    parser.add_argument("--datasets", default="mnist,fashion", help="comma-separated: mnist, fashion (default: both)")
+    parser.add_argument(
+        "--modes", default="tensorflow,spark", help="comma-separated cluster runs: tensorflow, spark (default: both)"
+    )
     parser.add_argument("--epochs", type=int, default=5, help="epochs (default: 5)")
     parser.add_argument("--batch-size", type=int, default=128, help="global batch (default: 128)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of every run (default: 0)")
@@ -80,8 +79,12 @@ def load(data_dir: str) -> tuple:
     from tfonspark.datasets import load_mnist
 
     data = load_mnist(data_dir)
-    return (to_features(data.train_images), data.train_labels.astype("int64"),
-            to_features(data.test_images), data.test_labels.astype("int64"))
+    return (
+        to_features(data.train_images),
+        data.train_labels.astype("int64"),
+        to_features(data.test_images),
+        data.test_labels.astype("int64"),
+    )
 
 
 def accuracy_of(predict, features, labels) -> float:  # noqa: ANN001 - any callable on arrays
@@ -115,15 +118,25 @@ def train_plain(name: str, data: tuple, args: argparse.Namespace) -> Result:
     return Result(name, "plain Keras, 1 process", accuracy, seconds, seconds)
 
 
-def train_cluster(name: str, data_dir: str, mode: str, args: argparse.Namespace,
-                  work: Path, test: tuple) -> Result:
+def train_cluster(name: str, data_dir: str, mode: str, args: argparse.Namespace, work: Path, test: tuple) -> Result:
     """Run one example as a subprocess; evaluate its exported SavedModel here."""
     import tensorflow as tf
 
     out = work / f"{name}-{mode}"
-    command = [sys.executable, str(EXAMPLES / MODES[mode]), "--data", data_dir,
-               "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-               "--seed", str(args.seed), "--output-dir", str(out)]
+    command = [
+        sys.executable,
+        str(EXAMPLES / MODES[mode]),
+        "--data",
+        data_dir,
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--output-dir",
+        str(out),
+    ]
     print(f"$ {shlex.join(command)}", flush=True)
     started = time.monotonic()
     subprocess.run(command, check=True, cwd=work)
@@ -131,21 +144,28 @@ def train_cluster(name: str, data_dir: str, mode: str, args: argparse.Namespace,
     metrics = json.loads((out / "metrics.json").read_text())
     served = tf.saved_model.load(str(out / "export"))
     accuracy = accuracy_of(lambda b: served.serve(tf.constant(b)), *test)
-    return Result(name, f"tfonspark {mode.upper()}, {metrics['nodes']} nodes", accuracy,
-                  metrics["cluster_seconds"], total, metrics["test_accuracy"])
+    return Result(
+        name,
+        f"tfonspark {mode.upper()}, {metrics['nodes']} nodes",
+        accuracy,
+        metrics["cluster_seconds"],
+        total,
+        metrics["test_accuracy"],
+    )
 
 
 def table(results: list[Result]) -> str:
     """The Markdown table: accuracy, gap to plain Keras, wall times and their ratio."""
-    lines = ["| dataset | run | test accuracy | vs plain (points) | train s | train s / plain |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| dataset | run | test accuracy | vs plain (points) | train s | train s / plain |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     plain = {r.dataset: r for r in results if r.run.startswith("plain")}
     for r in results:
         base = plain.get(r.dataset)
         gap = f"{100 * (r.accuracy - base.accuracy):+.2f}" if base and base is not r else ""
         ratio = f"{r.train_seconds / base.train_seconds:.2f}" if base else ""
-        lines.append(f"| {r.dataset} | {r.run} | {r.accuracy:.2%} | {gap} | "
-                     f"{r.train_seconds:.0f} | {ratio} |")
+        lines.append(f"| {r.dataset} | {r.run} | {r.accuracy:.2%} | {gap} | {r.train_seconds:.0f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -161,8 +181,10 @@ def failures(results: list[Result]) -> list[str]:
             found.append(f"{r.dataset} {r.run}: {r.accuracy:.2%} < {floor:.1%}")
         base = plain.get(r.dataset)
         if base and abs(r.accuracy - base.accuracy) * 100 > MAX_GAP_POINTS:
-            found.append(f"{r.dataset} {r.run}: {100 * (r.accuracy - base.accuracy):+.2f} "
-                         f"points from plain Keras (limit {MAX_GAP_POINTS})")
+            found.append(
+                f"{r.dataset} {r.run}: {100 * (r.accuracy - base.accuracy):+.2f} "
+                f"points from plain Keras (limit {MAX_GAP_POINTS})"
+            )
     return found
 
 
@@ -210,8 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         results = run(args, work)
     command = shlex.join(["python", "benchmarks/accuracy.py", *(argv or sys.argv[1:])])
-    print(f"\n`{command}`: {args.epochs} epochs, global batch {args.batch_size}, "
-          f"{os.cpu_count()} CPU cores, {sampler.stop()}\n")
+    print(
+        f"\n`{command}`: {args.epochs} epochs, global batch {args.batch_size}, "
+        f"{os.cpu_count()} CPU cores, {sampler.stop()}\n"
+    )
     print(table(results))
     problems = failures(results)
     for problem in problems:

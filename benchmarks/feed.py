@@ -162,8 +162,9 @@ def run_tfonspark(run: Run, variant: str) -> None:
         counters = c.Counters()
         args = {"dir": counters.dir, "batch": run.opts.batch}
         with c.quiet_stage(f"{variant} {shape.name}: cluster start"):
-            cluster = tfonspark.run(run.sc, consume_tfonspark, args, NODES,
-                                    input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300)
+            cluster = tfonspark.run(
+                run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
+            )
         try:
             sample = _time_tfonspark(cluster, counters, frame, n, run.opts)
             run.record(variant, shape.name, n * run.opts.epochs, sample)
@@ -172,8 +173,7 @@ def run_tfonspark(run: Run, variant: str) -> None:
             cluster.shutdown(timeout=120)  # a no-op after a successful run
 
 
-def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int,
-                    opts: argparse.Namespace) -> c.Sample:
+def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int, opts: argparse.Namespace) -> c.Sample:
     """``--warmup`` seconds of untimed jobs, then the same job timed: ``train`` of ``--epochs``
     passes + closing the feed until every row was consumed."""
     train = functools.partial(cluster.train, num_epochs=opts.epochs, feed_timeout=TIMEOUT)
@@ -193,8 +193,11 @@ def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int,
     returned = time.perf_counter() - meter.start
     closing = c.in_background(functools.partial(cluster.shutdown, timeout=TIMEOUT))
     sample = meter.stop(at=counters.wait_for((jobs + 1) * fed, TIMEOUT))
-    print(f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
-          file=sys.stderr, flush=True)
+    print(
+        f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
+        file=sys.stderr,
+        flush=True,
+    )
     counters.release()
     closing()
     return sample
@@ -212,8 +215,9 @@ def run_tfos(run: Run) -> None:
     counters = c.Counters()
     args = {"dir": counters.dir, "batch": run.opts.batch}
     with c.quiet_stage("tfos: cluster start"):
-        cluster = run.tfos.run(run.sc, consume_tfos, args, NODES, 0,
-                               input_mode=run.tfos.InputMode.SPARK, reservation_timeout=300)
+        cluster = run.tfos.run(
+            run.sc, consume_tfos, args, NODES, 0, input_mode=run.tfos.InputMode.SPARK, reservation_timeout=300
+        )
     train = functools.partial(cluster.train, num_epochs=1, feed_timeout=TIMEOUT)
     fed = 0
     try:
@@ -240,11 +244,14 @@ def run_plain(run: Run) -> None:
     frames = run.datasets("plain", "df")
     for shape in run.shapes:
         for measure, action, (data, n) in (
-                ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
-                ("plain-arrow", plain_arrow, frames[shape.name])):
+            ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
+            ("plain-arrow", plain_arrow, frames[shape.name]),
+        ):
             with c.quiet_stage(f"{measure} {shape.name}: warm-up jobs"):
-                c.warm_up(lambda: _check(action(data, run.opts.epochs), n * run.opts.epochs),  # noqa: B023
-                          run.opts.warmup)
+                c.warm_up(
+                    lambda: _check(action(data, run.opts.epochs), n * run.opts.epochs),  # noqa: B023
+                    run.opts.warmup,
+                )
             meter = c.Meter()
             _check(action(data, run.opts.epochs), n * run.opts.epochs)
             run.record(measure, shape.name, n * run.opts.epochs, meter.stop())
@@ -260,22 +267,25 @@ def _check(seen: int, expected: int) -> None:
 def report(run: Run, measures: list[str]) -> str:
     """Two Markdown tables: median rows/s with ratios, and median CPU us per row."""
     rate_rows, cpu_rows = [], []
-    ratio_names = [f"{LABELS[a].replace('tfonspark ', '')} / {LABELS[b].replace('Spark ', '')}"
-                   for a, b, _ in RATIOS]
+    ratio_names = [f"{LABELS[a].replace('tfonspark ', '')} / {LABELS[b].replace('Spark ', '')}" for a, b, _ in RATIOS]
     for shape in run.shapes:
         rate = {m: run.median(m, shape.name, "rate") for m in LABELS}
         cpu = {m: run.median(m, shape.name, "cpu") for m in LABELS}
         head = [shape.name, f"{run.rows(shape, 'rdd'):,}"]
-        rate_rows.append(head + [c.fmt_rate(rate[m]) for m in measures]
-                         + [c.fmt_ratio(rate[a], rate[b]) for a, b, _ in RATIOS])
-        cpu_rows.append(head + [c.fmt_us(cpu[m]) for m in measures]
-                        + [c.fmt_ratio(cpu[b], cpu[a]) for a, b, _ in RATIOS])
+        rate_rows.append(
+            head + [c.fmt_rate(rate[m]) for m in measures] + [c.fmt_ratio(rate[a], rate[b]) for a, b, _ in RATIOS]
+        )
+        cpu_rows.append(
+            head + [c.fmt_us(cpu[m]) for m in measures] + [c.fmt_ratio(cpu[b], cpu[a]) for a, b, _ in RATIOS]
+        )
     names = [LABELS[m] for m in measures]
     header = ["shape", "rows", *names, *ratio_names]
-    return (f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, rate_rows)}\n\n"
-            "CPU microseconds per row, summed over all processes of the run (lower is better; the "
-            "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
-            f"{c.markdown_table(header, cpu_rows)}")
+    return (
+        f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, rate_rows)}\n\n"
+        "CPU microseconds per row, summed over all processes of the run (lower is better; the "
+        "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
+        f"{c.markdown_table(header, cpu_rows)}"
+    )
 
 
 def targets(run: Run) -> list[str]:
@@ -287,8 +297,11 @@ def targets(run: Run) -> list[str]:
                 continue
             num, den = run.median(a, shape.name, "rate"), run.median(b, shape.name, "rate")
             name = f"{shape.name}: {LABELS[a]} >= {goal:g}x {LABELS[b]}"
-            out.append(f"- {name}: not measured" if num is None or den is None else
-                       f"- {name}: {num / den:.2f}x {'MET' if num / den >= goal else 'MISSED'}")
+            out.append(
+                f"- {name}: not measured"
+                if num is None or den is None
+                else f"- {name}: {num / den:.2f}x {'MET' if num / den >= goal else 'MISSED'}"
+            )
     return out
 
 
@@ -296,12 +309,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=0, help="rows per shape (default: mnist 60,000, tabular 300,000)")
-    p.add_argument("--tfos-rows", type=int, default=0,
-                   help="cap on TFoS rows per shape (default: mnist 60,000, tabular 100,000); "
-                        "TFoS is slow and its rows/s does not depend on the row count")
+    p.add_argument(
+        "--tfos-rows",
+        type=int,
+        default=0,
+        help="cap on TFoS rows per shape (default: mnist 60,000, tabular 100,000); "
+        "TFoS is slow and its rows/s does not depend on the row count",
+    )
     p.add_argument("--shapes", default="mnist,tabular", help="comma list of: mnist, tabular")
-    p.add_argument("--epochs", type=int, default=3,
-                   help="passes over the data in each timed tfonspark/plain job (default 3; TFoS: 1)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="passes over the data in each timed tfonspark/plain job (default 3; TFoS: 1)",
+    )
     c.add_run_args(p, VARIANTS, "consumer batch size")
     opts = p.parse_args(argv)
     c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0)
@@ -316,18 +337,25 @@ def main(argv: list[str] | None = None) -> int:
     variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
-    print(f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, variants={variants}, reps={opts.reps}, "
-          f"epochs={opts.epochs}, "
-          f"load {c.load_average()}", flush=True)
-    runners = {"tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
-               "rdd": functools.partial(run_tfonspark, run, "rdd"),
-               "df": functools.partial(run_tfonspark, run, "df"),
-               "plain": functools.partial(run_plain, run)}
+    print(
+        f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, variants={variants}, reps={opts.reps}, "
+        f"epochs={opts.epochs}, "
+        f"load {c.load_average()}",
+        flush=True,
+    )
+    runners = {
+        "tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
+        "rdd": functools.partial(run_tfonspark, run, "rdd"),
+        "df": functools.partial(run_tfonspark, run, "df"),
+        "plain": functools.partial(run_plain, run),
+    }
     seconds = c.alternate(variants, opts.reps, runners)
     measures = [m for m in LABELS if m.split("-")[0] in variants]
-    print(f"\n## Feed throughput (median of {opts.reps} reps, {opts.epochs} epochs per timed job; "
-          f"load average {c.load_average()}; "
-          f"{seconds:.0f}s in all)\n")
+    print(
+        f"\n## Feed throughput (median of {opts.reps} reps, {opts.epochs} epochs per timed job; "
+        f"load average {c.load_average()}; "
+        f"{seconds:.0f}s in all)\n"
+    )
     print(report(run, measures))
     capped = [f"{s.name} {run.rows(s, 'tfos'):,}" for s in run.shapes if run.rows(s, "tfos") != run.rows(s, "rdd")]
     if "tfos" in variants and capped:

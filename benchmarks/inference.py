@@ -124,8 +124,14 @@ def run_tfonspark(run: Run) -> None:
     with stage("tfonspark: spark + cached data"):
         sc, (df, warm), n = run.data("tfonspark")
     with stage("tfonspark: cluster start"):
-        cluster = tfonspark.run(sc, serve_tfonspark, {"batch": run.opts.batch}, NODES,
-                                input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300)
+        cluster = tfonspark.run(
+            sc,
+            serve_tfonspark,
+            {"batch": run.opts.batch},
+            NODES,
+            input_mode=tfonspark.InputMode.SPARK,
+            reservation_timeout=300,
+        )
     try:
         infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT, output_schema="prediction float")
         with stage("tfonspark: warm-up, check and untimed passes"):
@@ -145,8 +151,15 @@ def run_tfos(run: Run) -> None:
     with stage("tfos: spark + cached data"):
         sc, (df, warm), n = run.data("tfos")
     with stage("tfos: cluster start"):
-        cluster = run.tfos.run(sc, serve_tfos, {"batch": run.opts.batch}, NODES, 0,
-                               input_mode=run.tfos.InputMode.SPARK, reservation_timeout=300)
+        cluster = run.tfos.run(
+            sc,
+            serve_tfos,
+            {"batch": run.opts.batch},
+            NODES,
+            0,
+            input_mode=run.tfos.InputMode.SPARK,
+            reservation_timeout=300,
+        )
     try:
         infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT)
         with stage("tfos: warm-up and check"):
@@ -174,8 +187,9 @@ def run_udf(run: Run) -> None:
 
     with c.quiet_stage("udf: spark + cached data"):
         _, (df, warm), n = run.data("udf")
-    udf = predict_batch_udf(make_predict_fn, return_type=FloatType(), batch_size=run.opts.batch,
-                            input_tensor_shapes=[[SHAPE.width]])
+    udf = predict_batch_udf(
+        make_predict_fn, return_type=FloatType(), batch_size=run.opts.batch, input_tensor_shapes=[[SHAPE.width]]
+    )
     score = lambda d: d.select(udf("features").alias("prediction"))  # noqa: E731
     with c.quiet_stage("udf: warm-up, check and untimed passes"):
         _check([r.prediction for r in score(warm).collect()], warm)
@@ -192,14 +206,24 @@ def report(run: Run, variants: list[str]) -> str:
     header = ["rows", *[LABELS[v] for v in shown], "tfonspark / TFoS", "tfonspark / predict_batch_udf"]
     rate = {v: run.median(v, "rate") for v in VARIANTS}
     cpu = {v: run.median(v, "cpu") for v in VARIANTS}
-    rates = [f"{run.rows:,}", *[c.fmt_rate(rate[v]) for v in shown],
-             c.fmt_ratio(rate["tfonspark"], rate["tfos"]), c.fmt_ratio(rate["tfonspark"], rate["udf"])]
-    cpus = [f"{run.rows:,}", *[c.fmt_us(cpu[v]) for v in shown],
-            c.fmt_ratio(cpu["tfos"], cpu["tfonspark"]), c.fmt_ratio(cpu["udf"], cpu["tfonspark"])]
-    return (f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, [rates])}\n\n"
-            "CPU microseconds per row, summed over all processes of the run (lower is better; the "
-            "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
-            f"{c.markdown_table(header, [cpus])}")
+    rates = [
+        f"{run.rows:,}",
+        *[c.fmt_rate(rate[v]) for v in shown],
+        c.fmt_ratio(rate["tfonspark"], rate["tfos"]),
+        c.fmt_ratio(rate["tfonspark"], rate["udf"]),
+    ]
+    cpus = [
+        f"{run.rows:,}",
+        *[c.fmt_us(cpu[v]) for v in shown],
+        c.fmt_ratio(cpu["tfos"], cpu["tfonspark"]),
+        c.fmt_ratio(cpu["udf"], cpu["tfonspark"]),
+    ]
+    return (
+        f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, [rates])}\n\n"
+        "CPU microseconds per row, summed over all processes of the run (lower is better; the "
+        "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
+        f"{c.markdown_table(header, [cpus])}"
+    )
 
 
 def targets(run: Run) -> list[str]:
@@ -207,8 +231,11 @@ def targets(run: Run) -> list[str]:
     out = []
     for name, den, goal in (("tfonspark >= 10x TFoS", "tfos", 10), ("tfonspark >= 1x predict_batch_udf", "udf", 1)):
         num, base = run.median("tfonspark", "rate"), run.median(den, "rate")
-        out.append(f"- {name}: not measured" if num is None or base is None else
-                   f"- {name}: {num / base:.2f}x {'MET' if num / base >= goal else 'MISSED'}")
+        out.append(
+            f"- {name}: not measured"
+            if num is None or base is None
+            else f"- {name}: {num / base:.2f}x {'MET' if num / base >= goal else 'MISSED'}"
+        )
     return out
 
 
@@ -216,8 +243,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=0, help=f"rows (default {SHAPE.rows:,})")
-    p.add_argument("--tfos-rows", type=int, default=0,
-                   help=f"cap on TFoS rows (default {TFOS_ROWS:,}); its rows/s does not depend on it")
+    p.add_argument(
+        "--tfos-rows",
+        type=int,
+        default=0,
+        help=f"cap on TFoS rows (default {TFOS_ROWS:,}); its rows/s does not depend on it",
+    )
     c.add_run_args(p, VARIANTS, "model batch size")
     opts = p.parse_args(argv)
     c.quick_defaults(opts, argv, reps=1, warmup=0)
@@ -230,13 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
-    print(f"# inference benchmark: {c.MASTER}, {SHAPE.name} rows, variants={variants}, "
-          f"reps={opts.reps}, load {c.load_average()}", flush=True)
-    runners = {"tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
-               "tfonspark": functools.partial(run_tfonspark, run), "udf": functools.partial(run_udf, run)}
+    print(
+        f"# inference benchmark: {c.MASTER}, {SHAPE.name} rows, variants={variants}, "
+        f"reps={opts.reps}, load {c.load_average()}",
+        flush=True,
+    )
+    runners = {
+        "tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
+        "tfonspark": functools.partial(run_tfonspark, run),
+        "udf": functools.partial(run_udf, run),
+    }
     seconds = c.alternate(variants, opts.reps, runners)
-    print(f"\n## Inference throughput, tabular rows (median of {opts.reps} reps; "
-          f"load average {c.load_average()}; {seconds:.0f}s in all)\n")
+    print(
+        f"\n## Inference throughput, tabular rows (median of {opts.reps} reps; "
+        f"load average {c.load_average()}; {seconds:.0f}s in all)\n"
+    )
     print(report(run, variants))
     if "tfos" in variants and run.variant_rows("tfos") != run.rows:
         print(f"\n(TFoS ran on {run.variant_rows('tfos'):,} rows: --tfos-rows)")

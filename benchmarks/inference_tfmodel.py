@@ -44,12 +44,14 @@ def export_model(path: str, width: int, hidden: int) -> str:
     from tfonspark import TFNode
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((width,), name="features"),
-        keras.layers.Dense(hidden, activation="relu"),
-        keras.layers.Dense(1),
-        keras.layers.Reshape(()),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((width,), name="features"),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(1),
+            keras.layers.Reshape(()),
+        ]
+    )
     TFNode.export_saved_model(model, path)
     return path
 
@@ -69,8 +71,13 @@ def tfmodel_variant(export_dir: str, batch_size: int) -> Callable[[Any], Any]:
     """``df -> df + pred`` with TFModel."""
     from tfonspark.ml import TFModel
 
-    model = (TFModel().setExportDir(export_dir).setInputMapping({"features": "features"})
-             .setOutputMapping({"output_0": "pred"}).setBatchSize(batch_size))
+    model = (
+        TFModel()
+        .setExportDir(export_dir)
+        .setInputMapping({"features": "features"})
+        .setOutputMapping({"output_0": "pred"})
+        .setBatchSize(batch_size)
+    )
     return model.transform
 
 
@@ -89,8 +96,9 @@ def udf_variant(export_dir: str, batch_size: int, width: int) -> Callable[[Any],
 
         return predict
 
-    udf = predict_batch_udf(make_predict_fn, return_type=FloatType(), batch_size=batch_size,
-                            input_tensor_shapes=[[width]])
+    udf = predict_batch_udf(
+        make_predict_fn, return_type=FloatType(), batch_size=batch_size, input_tensor_shapes=[[width]]
+    )
     return lambda df: df.withColumn("pred", udf("features"))
 
 
@@ -116,8 +124,10 @@ def check_same_predictions(variants: dict[str, Callable[[Any], Any]], df: Any) -
     reads its input to the end (Spark does not reuse a worker stopped mid-stream).
     """
     sample = df.where("id < 200")
-    preds = {name: np.array([r.pred for r in sorted(fn(sample).select("id", "pred").collect())])
-             for name, fn in variants.items()}
+    preds = {
+        name: np.array([r.pred for r in sorted(fn(sample).select("id", "pred").collect())])
+        for name, fn in variants.items()
+    }
     first, second = preds.values()
     np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-5)
 
@@ -126,8 +136,10 @@ def report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
     """rows/s per run, medians, the ratio, and a Markdown table."""
     rates = {name: [args.rows / t for t in runs] for name, runs in times.items()}
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    print(f"\n# {args.rows:,} rows x {args.width} floats, {args.partitions} partitions, batch_size "
-          f"{args.batch_size}, {args.reps} reps, {MASTER}; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n# {args.rows:,} rows x {args.width} floats, {args.partitions} partitions, batch_size "
+        f"{args.batch_size}, {args.reps} reps, {MASTER}; load average {os.getloadavg()[0]:.2f}"
+    )
     for name, r in rates.items():
         print(f"{name:8s} rows/s per run: {', '.join(f'{x:,.0f}' for x in r)}  median {medians[name]:,.0f}")
     ratio = medians["tfmodel"] / medians["udf"]
@@ -149,8 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (>= 2)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 20,000 rows, 2 repetitions")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20,000 rows, 2 repetitions")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.reps = 20_000, 2
@@ -169,12 +180,15 @@ def main(argv: list[str] | None = None) -> None:
             manager.get(MASTER)
         spark = SparkSession.builder.getOrCreate()
         with stage("export the model"):
-            export_dir = export_model(os.path.join(tempfile.mkdtemp(prefix="tfos-bench-"), "mlp"),
-                                      args.width, args.hidden)
+            export_dir = export_model(
+                os.path.join(tempfile.mkdtemp(prefix="tfos-bench-"), "mlp"), args.width, args.hidden
+            )
         with stage("cache the DataFrame"):
             df = make_frame(spark, args.rows, args.width, args.partitions)
-        variants = {"tfmodel": tfmodel_variant(export_dir, args.batch_size),
-                    "udf": udf_variant(export_dir, args.batch_size, args.width)}
+        variants = {
+            "tfmodel": tfmodel_variant(export_dir, args.batch_size),
+            "udf": udf_variant(export_dir, args.batch_size, args.width),
+        }
         with stage("compare predictions"):
             check_same_predictions(variants, df)
         for name, fn in variants.items():  # warm-up: TF import and model load in the workers
@@ -182,11 +196,14 @@ def main(argv: list[str] | None = None) -> None:
         times: dict[str, list[float]] = {name: [] for name in variants}
         order = list(variants)
         for rep in range(args.reps):
-            for name in order[rep % 2:] + order[:rep % 2]:
+            for name in order[rep % 2 :] + order[: rep % 2]:
                 seconds = run_once(variants[name], df)
                 times[name].append(seconds)
-                print(f"# rep {rep + 1} {name}: {seconds:.2f}s ({args.rows / seconds:,.0f} rows/s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"# rep {rep + 1} {name}: {seconds:.2f}s ({args.rows / seconds:,.0f} rows/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         report(args, times)
     finally:
         manager.stop()

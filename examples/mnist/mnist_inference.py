@@ -26,20 +26,27 @@ import numpy as np
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("TFONSPARK_DATA"),
-                        help="directory of the MNIST idx files (default: $TFONSPARK_DATA)")
-    parser.add_argument("--split", choices=("test", "train"), default="test",
-                        help="which images to label (default: test)")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("TFONSPARK_DATA"),
+        help="directory of the MNIST idx files (default: $TFONSPARK_DATA)",
+    )
+    parser.add_argument(
+        "--split", choices=("test", "train"), default="test", help="which images to label (default: test)"
+    )
     parser.add_argument("--max-rows", type=int, help="label only the first N images")
-    parser.add_argument("--export-dir", default="mnist_output/export",
-                        help="the SavedModel (default: ./mnist_output/export)")
-    parser.add_argument("--output", default="mnist_output/predictions",
-                        help="Parquet output directory, replaced if it exists "
-                        "(default: ./mnist_output/predictions)")
-    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else an "
-                        "embedded local-cluster[2,1,1024])")
-    parser.add_argument("--batch-size", type=int, default=1000,
-                        help="rows per model call (default: 1000)")
+    parser.add_argument(
+        "--export-dir", default="mnist_output/export", help="the SavedModel (default: ./mnist_output/export)"
+    )
+    parser.add_argument(
+        "--output",
+        default="mnist_output/predictions",
+        help="Parquet output directory, replaced if it exists (default: ./mnist_output/predictions)",
+    )
+    parser.add_argument(
+        "--master", help="Spark master URL (default: spark-submit's, else an embedded local-cluster[2,1,1024])"
+    )
+    parser.add_argument("--batch-size", type=int, default=1000, help="rows per model call (default: 1000)")
     args = parser.parse_args(argv)
     if not args.data:
         parser.error("--data is required (or set TFONSPARK_DATA)")
@@ -61,8 +68,10 @@ def make_predict_fn(export_dir: str) -> Callable[[], Callable[[np.ndarray], dict
         def predict(images: np.ndarray) -> dict[str, Any]:
             logits = model.serve(tf.constant(images, tf.float32)).numpy()
             probabilities = tf.nn.softmax(logits).numpy()
-            return {"prediction": np.argmax(logits, axis=1).astype(np.int64),
-                    "confidence": probabilities.max(axis=1).astype(np.float32)}
+            return {
+                "prediction": np.argmax(logits, axis=1).astype(np.int64),
+                "confidence": probabilities.max(axis=1).astype(np.float32),
+            }
 
         return predict
 
@@ -76,12 +85,13 @@ def predict(df: Any, width: int, export_dir: str, batch_size: int) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    result = T.StructType([T.StructField("prediction", T.LongType()),
-                           T.StructField("confidence", T.FloatType())])
-    classify = predict_batch_udf(make_predict_fn(export_dir), return_type=result,
-                                 batch_size=batch_size, input_tensor_shapes=[[width]])
-    return (df.withColumn("out", classify("image"))
-            .select("id", "label", F.col("out.prediction"), F.col("out.confidence")))
+    result = T.StructType([T.StructField("prediction", T.LongType()), T.StructField("confidence", T.FloatType())])
+    classify = predict_batch_udf(
+        make_predict_fn(export_dir), return_type=result, batch_size=batch_size, input_tensor_shapes=[[width]]
+    )
+    return df.withColumn("out", classify("image")).select(
+        "id", "label", F.col("out.prediction"), F.col("out.confidence")
+    )
 
 
 def load_images(spark: Any, args: argparse.Namespace) -> tuple[Any, int]:
@@ -113,8 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         df, width = load_images(spark, args)
         labelled = predict(df, width, args.export_dir, args.batch_size)
         labelled.write.mode("overwrite").parquet(args.output)
-        rows, correct = spark.read.parquet(args.output).selectExpr(
-            "count(*)", "count_if(prediction = label)").first()
+        rows, correct = spark.read.parquet(args.output).selectExpr("count(*)", "count_if(prediction = label)").first()
     finally:
         stop_spark(sc)
     print(f"wrote {rows} predictions to {args.output}; accuracy {correct / max(rows, 1):.4f}")

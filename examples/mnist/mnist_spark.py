@@ -40,24 +40,29 @@ from typing import Any
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("TFONSPARK_DATA"),
-                        help="directory of the MNIST idx files, read on the driver "
-                        "(default: $TFONSPARK_DATA)")
-    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else an "
-                        "embedded local-cluster[2,1,1024])")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("TFONSPARK_DATA"),
+        help="directory of the MNIST idx files, read on the driver (default: $TFONSPARK_DATA)",
+    )
+    parser.add_argument(
+        "--master", help="Spark master URL (default: spark-submit's, else an embedded local-cluster[2,1,1024])"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="TensorFlow nodes (default: 2)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs (default: 5)")
-    parser.add_argument("--batch-size", type=int, default=128,
-                        help="global batch size, split across the nodes (default: 128)")
-    parser.add_argument("--max-train-rows", type=int,
-                        help="use only the first N training rows (default: all)")
-    parser.add_argument("--partitions", type=int,
-                        help="DataFrame partitions (default: Spark's default parallelism)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="random seed for weights, shuffling and dropout (default: 0)")
-    parser.add_argument("--output-dir", default="mnist_output",
-                        help="export/ and metrics.json go here; a path every executor can "
-                        "write (default: ./mnist_output)")
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="global batch size, split across the nodes (default: 128)"
+    )
+    parser.add_argument("--max-train-rows", type=int, help="use only the first N training rows (default: all)")
+    parser.add_argument("--partitions", type=int, help="DataFrame partitions (default: Spark's default parallelism)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed for weights, shuffling and dropout (default: 0)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="mnist_output",
+        help="export/ and metrics.json go here; a path every executor can write (default: ./mnist_output)",
+    )
     args = parser.parse_args(argv)
     if not args.data:
         parser.error("--data is required (or set TFONSPARK_DATA)")
@@ -84,17 +89,30 @@ def main_fun(args: dict[str, Any], ctx: Any) -> None:
     steps = args["train_rows"] // args["batch_size"]
     with strategy.scope():
         model = build_model(total_steps=args["epochs"] * steps)
-    history = fit(model, _feed_dataset_fn(feed, args["batch_size"]), epochs=args["epochs"],
-                  steps_per_epoch=steps, validation_data=_test_dataset_fn(args, ctx))
+    history = fit(
+        model,
+        _feed_dataset_fn(feed, args["batch_size"]),
+        epochs=args["epochs"],
+        steps_per_epoch=steps,
+        validation_data=_test_dataset_fn(args, ctx),
+    )
     feed.drain()  # drop what is left after the last step
     export_saved_model(model, os.path.join(args["output_dir"], "export"))
     if ctx.is_chief:
-        _write_metrics(args["output_dir"], {
-            "mode": "spark", "nodes": ctx.num_workers, "train_rows": args["train_rows"],
-            "epochs": args["epochs"], "steps_per_epoch": steps, "history": history.history,
-            "test_accuracy": history.history["val_accuracy"][-1],
-            "trained_rows": args["epochs"] * steps * args["batch_size"],
-            "node_seconds": time.monotonic() - started})
+        _write_metrics(
+            args["output_dir"],
+            {
+                "mode": "spark",
+                "nodes": ctx.num_workers,
+                "train_rows": args["train_rows"],
+                "epochs": args["epochs"],
+                "steps_per_epoch": steps,
+                "history": history.history,
+                "test_accuracy": history.history["val_accuracy"][-1],
+                "trained_rows": args["epochs"] * steps * args["batch_size"],
+                "node_seconds": time.monotonic() - started,
+            },
+        )
 
 
 def _feed_dataset_fn(feed: Any, global_batch: int) -> Any:
@@ -144,17 +162,27 @@ def train(sc: Any, args: argparse.Namespace) -> dict[str, Any]:
     data = load_mnist(args.data)
     rows = args.max_train_rows or len(data.train_images)
     # rows shuffled once (so every partition holds every digit), built through Arrow
-    df = images_to_dataframe(SparkSession.builder.getOrCreate(), data.train_images[:rows],
-                             data.train_labels[:rows], num_partitions=args.partitions,
-                             seed=args.seed)
-    node_args = {"epochs": args.epochs, "batch_size": args.batch_size, "train_rows": rows,
-                 "seed": args.seed,
-                 "output_dir": args.output_dir, "test_images": data.test_images,
-                 "test_labels": data.test_labels,
-                 "threads": max(1, sc.defaultParallelism // args.nodes)}
+    df = images_to_dataframe(
+        SparkSession.builder.getOrCreate(),
+        data.train_images[:rows],
+        data.train_labels[:rows],
+        num_partitions=args.partitions,
+        seed=args.seed,
+    )
+    node_args = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "train_rows": rows,
+        "seed": args.seed,
+        "output_dir": args.output_dir,
+        "test_images": data.test_images,
+        "test_labels": data.test_labels,
+        "threads": max(1, sc.defaultParallelism // args.nodes),
+    }
     started = time.monotonic()
-    cluster = tfonspark.run(sc, main_fun, node_args, args.nodes,
-                            input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300)
+    cluster = tfonspark.run(
+        sc, main_fun, node_args, args.nodes, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
+    )
     fed = cluster.train(df, num_epochs=args.epochs)
     cluster.shutdown(timeout=7200)
     return _add_metrics(args.output_dir, cluster_seconds=time.monotonic() - started, fed_rows=fed)
@@ -180,10 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = train(sc, args)
     finally:
         stop_spark(sc)
-    print(f"test accuracy: {metrics['test_accuracy']:.4f} ({args.nodes} nodes, "
-          f"{args.epochs} epochs x {metrics['steps_per_epoch']} steps, {metrics['fed_rows']} "
-          f"rows fed, {metrics['trained_rows']} trained, {metrics['cluster_seconds']:.0f} s); model exported to "
-          f"{args.output_dir}/export")
+    print(
+        f"test accuracy: {metrics['test_accuracy']:.4f} ({args.nodes} nodes, "
+        f"{args.epochs} epochs x {metrics['steps_per_epoch']} steps, {metrics['fed_rows']} "
+        f"rows fed, {metrics['trained_rows']} trained, {metrics['cluster_seconds']:.0f} s); model exported to "
+        f"{args.output_dir}/export"
+    )
     return 0
 
 

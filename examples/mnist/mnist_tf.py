@@ -32,22 +32,28 @@ from typing import Any
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("TFONSPARK_DATA"),
-                        help="directory of the MNIST idx files, readable by every executor "
-                        "(default: $TFONSPARK_DATA)")
-    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else an "
-                        "embedded local-cluster[2,1,1024])")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("TFONSPARK_DATA"),
+        help="directory of the MNIST idx files, readable by every executor (default: $TFONSPARK_DATA)",
+    )
+    parser.add_argument(
+        "--master", help="Spark master URL (default: spark-submit's, else an embedded local-cluster[2,1,1024])"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="TensorFlow nodes (default: 2)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs (default: 5)")
-    parser.add_argument("--batch-size", type=int, default=128,
-                        help="global batch size, split across the nodes (default: 128)")
-    parser.add_argument("--max-train-rows", type=int,
-                        help="use only the first N training rows (default: all)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="random seed for weights, shuffling and dropout (default: 0)")
-    parser.add_argument("--output-dir", default="mnist_output",
-                        help="export/ and metrics.json go here; a path every executor can "
-                        "write (default: ./mnist_output)")
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="global batch size, split across the nodes (default: 128)"
+    )
+    parser.add_argument("--max-train-rows", type=int, help="use only the first N training rows (default: all)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed for weights, shuffling and dropout (default: 0)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="mnist_output",
+        help="export/ and metrics.json go here; a path every executor can write (default: ./mnist_output)",
+    )
     parser.add_argument("--model-dir", help="keep epoch checkpoints here and resume from them")
     args = parser.parse_args(argv)
     if not args.data:
@@ -79,18 +85,28 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     train = _shard(data.train_images[:rows], data.train_labels[:rows], ctx)
     test = _shard(data.test_images, data.test_labels, ctx)
     with strategy.scope():
-        model = build_model(data.image_shape, data.num_classes,
-                            total_steps=args.epochs * (rows // args.batch_size))
-    history = fit(model, _dataset_fn(*train, args.batch_size, shuffle=True),
-                  epochs=args.epochs, validation_data=_dataset_fn(*test, args.batch_size),
-                  model_dir=args.model_dir)
+        model = build_model(data.image_shape, data.num_classes, total_steps=args.epochs * (rows // args.batch_size))
+    history = fit(
+        model,
+        _dataset_fn(*train, args.batch_size, shuffle=True),
+        epochs=args.epochs,
+        validation_data=_dataset_fn(*test, args.batch_size),
+        model_dir=args.model_dir,
+    )
     export_saved_model(model, os.path.join(args.output_dir, "export"))
     if ctx.is_chief:
-        _write_metrics(args.output_dir, {
-            "mode": "tensorflow", "nodes": ctx.num_workers, "train_rows": rows,
-            "epochs": args.epochs, "history": history.history,
-            "test_accuracy": history.history["val_accuracy"][-1],
-            "node_seconds": time.monotonic() - started})
+        _write_metrics(
+            args.output_dir,
+            {
+                "mode": "tensorflow",
+                "nodes": ctx.num_workers,
+                "train_rows": rows,
+                "epochs": args.epochs,
+                "history": history.history,
+                "test_accuracy": history.history["val_accuracy"][-1],
+                "node_seconds": time.monotonic() - started,
+            },
+        )
 
 
 def _shard(images: Any, labels: Any, ctx: Any) -> tuple[Any, Any]:
@@ -128,8 +144,9 @@ def train(sc: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     args.threads = max(1, sc.defaultParallelism // args.nodes)  # cores per node
     started = time.monotonic()
-    cluster = tfonspark.run(sc, main_fun, args, args.nodes,
-                            input_mode=tfonspark.InputMode.TENSORFLOW, reservation_timeout=300)
+    cluster = tfonspark.run(
+        sc, main_fun, args, args.nodes, input_mode=tfonspark.InputMode.TENSORFLOW, reservation_timeout=300
+    )
     cluster.shutdown(timeout=7200)
     return _add_metrics(args.output_dir, cluster_seconds=time.monotonic() - started)
 
@@ -154,9 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = train(sc, args)
     finally:
         stop_spark(sc)
-    print(f"test accuracy: {metrics['test_accuracy']:.4f} ({args.nodes} nodes, "
-          f"{args.epochs} epochs, {metrics['train_rows']} training rows, "
-          f"{metrics['cluster_seconds']:.0f} s); model exported to {args.output_dir}/export")
+    print(
+        f"test accuracy: {metrics['test_accuracy']:.4f} ({args.nodes} nodes, "
+        f"{args.epochs} epochs, {metrics['train_rows']} training rows, "
+        f"{metrics['cluster_seconds']:.0f} s); model exported to {args.output_dir}/export"
+    )
     return 0
 
 

@@ -33,8 +33,9 @@ def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False
 
     ctx.release_port()
     cluster = tf.train.ClusterSpec(ctx.cluster_spec)
-    server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index,
-                                  protocol="grpc+verbs" if rdma else "grpc")
+    server = tf.distribute.Server(
+        cluster, job_name=ctx.job_name, task_index=ctx.task_index, protocol="grpc+verbs" if rdma else "grpc"
+    )
     return cluster, server
 
 

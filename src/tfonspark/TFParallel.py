@@ -18,8 +18,9 @@ from .tfprocess.context import NodeContext
 __all__ = ["run"]
 
 
-def run(sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors: int,
-        use_barrier: bool = True) -> list[Any]:
+def run(
+    sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, use_barrier: bool = True
+) -> list[Any]:
     """Run ``num_executors`` instances of ``map_fn`` in parallel; return their return values."""
     if not isinstance(num_executors, int) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive integer. Received: {num_executors!r}")
@@ -28,7 +29,8 @@ def run(sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors:
         raise ConfigError(
             f"TFParallel.run asked for {num_executors} instances but the cluster has {slots} task "
             "slots; lower num_executors or add executors (spark.executor.instances, "
-            "spark.executor.cores, spark.cores.max, or N in local[N])")
+            "spark.executor.cores, spark.cores.max, or N in local[N])"
+        )
     default_fs = str(sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
 
     def _run(index: int, _: Iterator[Any]) -> Iterator[Any]:
@@ -36,9 +38,14 @@ def run(sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors:
             from pyspark import BarrierTaskContext
 
             BarrierTaskContext.get().barrier()
-        ctx = NodeContext(executor_id=index, job_name="worker", task_index=index,
-                          cluster_spec={"worker": [f"instance-{i}" for i in range(num_executors)]},
-                          default_fs=default_fs, working_dir=os.getcwd())
+        ctx = NodeContext(
+            executor_id=index,
+            job_name="worker",
+            task_index=index,
+            cluster_spec={"worker": [f"instance-{i}" for i in range(num_executors)]},
+            default_fs=default_fs,
+            working_dir=os.getcwd(),
+        )
         yield map_fn(tf_args, ctx)
 
     rdd = sc.parallelize(range(num_executors), num_executors)

@@ -43,8 +43,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
             raise ConfigError(
-                f"input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). "
-                f"Received: {self.input_mode!r}")
+                f"input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: {self.input_mode!r}"
+            )
         if self.reservation_timeout <= 0:
             raise ConfigError(f"reservation_timeout must be > 0 seconds. Received: {self.reservation_timeout!r}")
         if len(self.secret_hex) < 32:

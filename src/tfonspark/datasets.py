@@ -171,9 +171,7 @@ def _gunzip(data: bytearray, path: Path) -> bytearray:
         if not rest or bytes(rest).count(0) == len(rest):
             return out
         if rest[:2] != _GZIP_MAGIC:
-            raise DataFormatError(
-                "unexpected bytes after the end of the gzip stream", path=str(path), offset=pos
-            )
+            raise DataFormatError("unexpected bytes after the end of the gzip stream", path=str(path), offset=pos)
 
 
 def _inflate_member(view: memoryview, pos: int, out: bytearray, path: Path) -> int:
@@ -186,14 +184,10 @@ def _inflate_member(view: memoryview, pos: int, out: bytearray, path: Path) -> i
             out += inflater.decompress(chunk)
         except zlib.error as err:
             offset = start + _locate_zlib_error(before, chunk)
-            raise DataFormatError(
-                f"corrupt gzip data ({err})", path=str(path), offset=offset
-            ) from err
+            raise DataFormatError(f"corrupt gzip data ({err})", path=str(path), offset=offset) from err
         if inflater.eof:
             return start + len(chunk) - len(inflater.unused_data)
-    raise DataFormatError(
-        "gzip stream ends early: the file is truncated", path=str(path), offset=len(view)
-    )
+    raise DataFormatError("gzip stream ends early: the file is truncated", path=str(path), offset=len(view))
 
 
 def _locate_zlib_error(inflater: zlib._Decompress, chunk: memoryview) -> int:
@@ -274,8 +268,7 @@ def load_mnist(
         labels = _read_labels(labels_path, len(class_names))
         if len(labels) != len(images):
             raise DataFormatError(
-                f"{split} labels file holds {len(labels)} labels but {images_path} holds "
-                f"{len(images)} images",
+                f"{split} labels file holds {len(labels)} labels but {images_path} holds {len(images)} images",
                 path=str(labels_path),
                 offset=4,
             )
@@ -327,9 +320,7 @@ def _missing_files_message(directory: Path, missing: list[str]) -> str:
     )
     stem = MNIST_FILES["train_images"]
     subdirs = sorted(
-        p.name
-        for p in directory.iterdir()
-        if p.is_dir() and any(c.is_file() for c in _candidates(p, stem))
+        p.name for p in directory.iterdir() if p.is_dir() and any(c.is_file() for c in _candidates(p, stem))
     )
     if subdirs:
         message += f"; subdirectories that have them: {', '.join(subdirs)}"
@@ -379,15 +370,11 @@ def load_digits_as_mnist(*, test_fraction: float = 0.2, seed: int = 0) -> Datase
     model runs on both. The split is stratified by class and depends only on ``seed``.
     """
     if not 0.0 < test_fraction < 1.0:
-        raise ConfigError(
-            f"test_fraction must be in (0, 1). Received: test_fraction={test_fraction!r}"
-        )
+        raise ConfigError(f"test_fraction must be in (0, 1). Received: test_fraction={test_fraction!r}")
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:
-        raise ImportError(
-            "load_digits_as_mnist needs scikit-learn: pip install 'tfonspark[demo]'"
-        ) from err
+        raise ImportError("load_digits_as_mnist needs scikit-learn: pip install 'tfonspark[demo]'") from err
     digits = load_digits()
     images = _digits_to_mnist_layout(np.asarray(digits.images))
     labels = np.asarray(digits.target).astype(np.uint8)
@@ -424,9 +411,7 @@ def _linear_resize_matrix(src: int, dst: int) -> np.ndarray:
     return matrix
 
 
-def _stratified_split(
-    labels: np.ndarray, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted train and test indices, ``test_fraction`` of each class (at least one) to test."""
     rng = np.random.default_rng(seed)
     test: list[np.ndarray] = []
@@ -480,8 +465,7 @@ def load_for_demo(data: str | os.PathLike[str] | None = None) -> tuple[Dataset, 
     if resolved is None:
         dataset = load_digits_as_mnist()
         return dataset, (
-            f"scikit-learn digits: {_sizes(dataset)}, 8x8 upsampled to 28x28 "
-            f"(no --data given and {DATA_ENV_VAR} unset)"
+            f"scikit-learn digits: {_sizes(dataset)}, 8x8 upsampled to 28x28 (no --data given and {DATA_ENV_VAR} unset)"
         )
     path, setting = resolved
     if "fashion" in path.resolve().name.lower():

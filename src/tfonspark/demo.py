@@ -85,22 +85,29 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Train a CNN on an embedded 2-executor Spark cluster with tfonspark "
         "(InputMode.SPARK, MultiWorkerMirroredStrategy) and report its test accuracy.",
     )
-    parser.add_argument("--data", help=f"directory of MNIST-style idx files (default: "
-                        f"${DATA_ENV_VAR}; without either, scikit-learn's digits)")
-    parser.add_argument("--out", default="demo_output",
-                        help="where the PNG plots go (default: %(default)s)")
-    parser.add_argument("--epochs", type=int,
-                        help="training epochs (default: 3 for idx data, 10 for the digits)")
-    parser.add_argument("--batch-size", type=int,
-                        help="global batch size (default: 128 for idx data, 64 for the digits)")
-    parser.add_argument("--max-train-rows", type=int,
-                        help="train on at most this many rows, drawn at random (default: all)")
-    parser.add_argument("--master", help="Spark master URL, e.g. spark://127.0.0.1:7077 "
-                        f"(default: spark-submit's, else an embedded {DEFAULT_MASTER})")
-    parser.add_argument("--nodes", type=int, default=2,
-                        help="TensorFlow nodes, one per executor (default: %(default)s)")
-    parser.add_argument("--export-dir", help="also export the trained model as a SavedModel "
-                        "here (a path every executor can write)")
+    parser.add_argument(
+        "--data",
+        help=f"directory of MNIST-style idx files (default: ${DATA_ENV_VAR}; without either, scikit-learn's digits)",
+    )
+    parser.add_argument("--out", default="demo_output", help="where the PNG plots go (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, help="training epochs (default: 3 for idx data, 10 for the digits)")
+    parser.add_argument(
+        "--batch-size", type=int, help="global batch size (default: 128 for idx data, 64 for the digits)"
+    )
+    parser.add_argument(
+        "--max-train-rows", type=int, help="train on at most this many rows, drawn at random (default: all)"
+    )
+    parser.add_argument(
+        "--master",
+        help="Spark master URL, e.g. spark://127.0.0.1:7077 "
+        f"(default: spark-submit's, else an embedded {DEFAULT_MASTER})",
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=2, help="TensorFlow nodes, one per executor (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--export-dir", help="also export the trained model as a SavedModel here (a path every executor can write)"
+    )
     return parser.parse_args(argv)
 
 
@@ -113,8 +120,7 @@ def _check_counts(args: argparse.Namespace) -> None:
             raise ConfigError(f"{option} must be >= 1. Received: {option}={value}")
 
 
-def _node_args(args: argparse.Namespace, dataset: Dataset, rows: int, server: ProgressServer,
-               threads: int) -> NodeArgs:
+def _node_args(args: argparse.Namespace, dataset: Dataset, rows: int, server: ProgressServer, threads: int) -> NodeArgs:
     """The nodes' settings: recipe defaults by data size, the channel, the test set."""
     small = rows < _SMALL_DATA_ROWS
     epochs = args.epochs or (10 if small else 3)
@@ -122,11 +128,18 @@ def _node_args(args: argparse.Namespace, dataset: Dataset, rows: int, server: Pr
     steps = max(1, rows // batch)
     export_dir = os.path.abspath(args.export_dir) if args.export_dir else None
     return NodeArgs(
-        epochs=epochs, global_batch=batch, steps_per_epoch=steps,
-        image_shape=dataset.image_shape, num_classes=dataset.num_classes,
-        test_images=dataset.test_images, test_labels=dataset.test_labels,
-        progress_address=server.address, progress_secret=server.secret_hex,
-        log_every_steps=max(10, steps // 4), threads=threads, export_dir=export_dir,
+        epochs=epochs,
+        global_batch=batch,
+        steps_per_epoch=steps,
+        image_shape=dataset.image_shape,
+        num_classes=dataset.num_classes,
+        test_images=dataset.test_images,
+        test_labels=dataset.test_labels,
+        progress_address=server.address,
+        progress_secret=server.secret_hex,
+        log_every_steps=max(10, steps // 4),
+        threads=threads,
+        export_dir=export_dir,
     )
 
 
@@ -173,21 +186,24 @@ def _train(sc: Any, args: argparse.Namespace, dataset: Dataset) -> Message:
         node_args = _node_args(args, dataset, len(images), server, threads)
         console.epochs = node_args.epochs
         print(f"Starting {args.nodes} TensorFlow nodes ...", flush=True)
-        cluster = run(sc, train_on_feed, node_args, args.nodes, input_mode=InputMode.SPARK,
-                      reservation_timeout=300)
-        print(f"Training {_plural(node_args.epochs, 'epoch')} x {node_args.steps_per_epoch} steps "
-              f"(global batch {node_args.global_batch}) on {len(images)} rows, "
-              f"{args.nodes} nodes:", flush=True)
+        cluster = run(sc, train_on_feed, node_args, args.nodes, input_mode=InputMode.SPARK, reservation_timeout=300)
+        print(
+            f"Training {_plural(node_args.epochs, 'epoch')} x {node_args.steps_per_epoch} steps "
+            f"(global batch {node_args.global_batch}) on {len(images)} rows, "
+            f"{args.nodes} nodes:",
+            flush=True,
+        )
         fed = cluster.train(df, num_epochs=node_args.epochs)
         cluster.shutdown(timeout=1800)
     if console.result is None:
         from .testing import spark_home
 
-        raise ClusterError("training ended but the chief node sent no result; its output is in "
-                           f"the executor logs (for an embedded cluster: {spark_home()}/work)")
+        raise ClusterError(
+            "training ended but the chief node sent no result; its output is in "
+            f"the executor logs (for an embedded cluster: {spark_home()}/work)"
+        )
     if fed > console.trained_rows:
-        print(f"({fed} rows fed, {console.trained_rows} trained: the rest came after the last "
-              "step and was dropped)")
+        print(f"({fed} rows fed, {console.trained_rows} trained: the rest came after the last step and was dropped)")
     return console.result
 
 
@@ -203,10 +219,12 @@ def _report(result: Message, dataset: Dataset, out: Path) -> float:
     predictions = np.asarray(result["predictions"], dtype=np.int64)
     labels = dataset.test_labels.astype(np.int64)
     accuracy = float(np.mean(predictions == labels))
-    curves = save_training_curves(result["history"], out / "training_curves.png",
-                                  title=f"tfonspark demo: {dataset.name}")
-    matrix = save_confusion_matrix(labels, predictions, out / "confusion_matrix.png",
-                                   dataset.class_names, title=f"{dataset.name} test set")
+    curves = save_training_curves(
+        result["history"], out / "training_curves.png", title=f"tfonspark demo: {dataset.name}"
+    )
+    matrix = save_confusion_matrix(
+        labels, predictions, out / "confusion_matrix.png", dataset.class_names, title=f"{dataset.name} test set"
+    )
     print(f"Test accuracy: {accuracy:.2%} on {len(labels)} {dataset.name} test images")
     print(f"Wrote {curves} and {matrix}")
     return accuracy

@@ -75,9 +75,7 @@ class InputError(TFoSError, ValueError):
         row: int | None = None,
     ) -> None:
         where = ", ".join(
-            f"{k}={v!r}"
-            for k, v in (("column", column), ("partition", partition), ("row", row))
-            if v is not None
+            f"{k}={v!r}" for k, v in (("column", column), ("partition", partition), ("row", row)) if v is not None
         )
         super().__init__(f"{message} ({where})" if where else message)
         self.column = column

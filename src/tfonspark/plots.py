@@ -31,20 +31,13 @@ def confusion_matrix(
     y_true: np.ndarray | Sequence[int], y_pred: np.ndarray | Sequence[int], num_classes: int
 ) -> np.ndarray:
     """Counts (int64, num_classes x num_classes): ``[i, j]`` = samples of class i predicted as j."""
-    if (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, int | np.integer)
-        or num_classes < 1
-    ):
-        raise ConfigError(
-            f"num_classes must be a positive int. Received: num_classes={num_classes!r}"
-        )
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive int. Received: num_classes={num_classes!r}")
     true = _as_labels(y_true, "y_true", num_classes)
     pred = _as_labels(y_pred, "y_pred", num_classes)
     if true.shape != pred.shape:
         raise ConfigError(
-            f"y_true and y_pred must have the same length. Received: len(y_true)={len(true)}, "
-            f"len(y_pred)={len(pred)}"
+            f"y_true and y_pred must have the same length. Received: len(y_true)={len(true)}, len(y_pred)={len(pred)}"
         )
     counts = np.bincount(true * num_classes + pred, minlength=num_classes * num_classes)
     return counts.reshape(num_classes, num_classes)
@@ -55,21 +48,15 @@ def _as_labels(values: np.ndarray | Sequence[int], name: str, num_classes: int) 
     array = np.asarray(values)
     if array.ndim != 1:
         hint = " (for scores or probabilities pass their argmax(axis=1))" if array.ndim == 2 else ""
-        raise ConfigError(
-            f"{name} must be 1-D class indices{hint}. Received: {name}.shape={array.shape}"
-        )
+        raise ConfigError(f"{name} must be 1-D class indices{hint}. Received: {name}.shape={array.shape}")
     if array.size == 0:
         return array.astype(np.int64)
-    if array.dtype.kind not in "biuf" or (
-        array.dtype.kind == "f" and not np.all(array == np.rint(array))
-    ):
+    if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and not np.all(array == np.rint(array))):
         raise ConfigError(f"{name} must hold integer class indices. Received: dtype={array.dtype}")
     labels = array.astype(np.int64)
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= num_classes:
-        raise ConfigError(
-            f"{name} holds class indices outside [0, {num_classes}). Received: min={low}, max={high}"
-        )
+        raise ConfigError(f"{name} holds class indices outside [0, {num_classes}). Received: min={low}, max={high}")
     return labels
 
 
@@ -107,9 +94,7 @@ def save_confusion_matrix(
     return _save(fig, path, dpi)
 
 
-def _infer_num_classes(
-    y_true: np.ndarray | Sequence[int], y_pred: np.ndarray | Sequence[int]
-) -> int:
+def _infer_num_classes(y_true: np.ndarray | Sequence[int], y_pred: np.ndarray | Sequence[int]) -> int:
     """One more than the largest label in either array (at least 1)."""
     largest = [int(np.max(a)) for a in (np.asarray(y_true), np.asarray(y_pred)) if np.size(a)]
     return max(largest, default=0) + 1
@@ -154,9 +139,7 @@ def save_training_curves(
     """
     panels = _metric_panels(history)
     fig = _new_figure((4.5 * len(panels) + 0.5, 4.0))
-    for ax, (metric, (train, val)) in zip(
-        fig.subplots(1, len(panels), squeeze=False)[0], panels.items(), strict=True
-    ):
+    for ax, (metric, (train, val)) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels.items(), strict=True):
         _plot_metric(ax, metric, train, val)
     fig.suptitle(title)
     return _save(fig, path, dpi)
@@ -187,9 +170,7 @@ def _as_values(key: str, raw: Sequence[float]) -> list[float]:
     try:
         values = [float(v) for v in raw]
     except (TypeError, ValueError) as err:
-        raise ConfigError(
-            f"history[{key!r}] must be a sequence of numbers. Received: {raw!r:.80}"
-        ) from err
+        raise ConfigError(f"history[{key!r}] must be a sequence of numbers. Received: {raw!r:.80}") from err
     if not values:
         raise ConfigError(f"history[{key!r}] has no values")
     return values

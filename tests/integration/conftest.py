@@ -60,15 +60,18 @@ def no_leftovers(request, monkeypatch):
     monkeypatch.setattr(cluster_module.Cluster, "__init__", recording_init)
     sockets_before = set(feed_socket_dirs())
     yield
-    assert wait_until(lambda: not node_processes(started), 20), \
+    assert wait_until(lambda: not node_processes(started), 20), (
         f"node processes left behind: {[p.info.get('cmdline') for p in node_processes(started)]}"
-    assert wait_until(lambda: not set(feed_socket_dirs()) - sockets_before, 10), \
+    )
+    assert wait_until(lambda: not set(feed_socket_dirs()) - sockets_before, 10), (
         f"feed sockets left behind: {sorted(set(feed_socket_dirs()) - sockets_before)}"
+    )
     for name in ("sc", "sc_local", "standalone"):
         if name in request.fixturenames:
             sc = request.getfixturevalue(name)
-            assert wait_until(lambda sc=sc: not sc.statusTracker().getActiveJobsIds(), 20), \
+            assert wait_until(lambda sc=sc: not sc.statusTracker().getActiveJobsIds(), 20), (
                 "Spark jobs of the cluster are still running"
+            )
 
 
 def by_value(module_name: str) -> None:

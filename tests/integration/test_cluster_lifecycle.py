@@ -23,10 +23,15 @@ def _describe_node(args, ctx):
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     info = {
-        "job_name": ctx.job_name, "task_index": ctx.task_index, "executor_id": ctx.executor_id,
-        "worker_num": ctx.worker_num, "num_workers": ctx.num_workers,
-        "cluster_spec": ctx.cluster_spec, "defaultFS": ctx.defaultFS,
-        "working_dir": ctx.working_dir, "abs": ctx.absolute_path("model"),
+        "job_name": ctx.job_name,
+        "task_index": ctx.task_index,
+        "executor_id": ctx.executor_id,
+        "worker_num": ctx.worker_num,
+        "num_workers": ctx.num_workers,
+        "cluster_spec": ctx.cluster_spec,
+        "defaultFS": ctx.defaultFS,
+        "working_dir": ctx.working_dir,
+        "abs": ctx.absolute_path("model"),
         "tf_config": json.loads(os.environ["TF_CONFIG"]),
         "resolved": resolver.cluster_spec().as_dict(),
         "resolved_task": [resolver.task_type, resolver.task_id],
@@ -63,8 +68,9 @@ def test_driver_ps_nodes_with_chief(sc, tmp_path, no_leftovers):
         if ctx.job_name == "ps":
             server.join()
 
-    cluster = tfonspark.run(sc, fun, str(tmp_path), 3, num_ps=1, master_node="chief",
-                            driver_ps_nodes=True, reservation_timeout=120)
+    cluster = tfonspark.run(
+        sc, fun, str(tmp_path), 3, num_ps=1, master_node="chief", driver_ps_nodes=True, reservation_timeout=120
+    )
     roles = sorted((i["job_name"], i["task_index"], i["executor_id"]) for i in cluster.cluster_info)
     assert roles == [("chief", 0, 1), ("ps", 0, 0), ("worker", 0, 2)]
     cluster.shutdown(timeout=120)
@@ -112,8 +118,7 @@ def test_sigkilled_tf_process_is_reported(sc, no_leftovers):
     start = time.monotonic()
     with pytest.raises(NodeFailed) as info:
         # SPARK mode: the killed process leaves its feed socket behind for the supervisor to remove
-        cluster = tfonspark.run(sc, _killed, None, 2, reservation_timeout=120,
-                                input_mode=tfonspark.InputMode.SPARK)
+        cluster = tfonspark.run(sc, _killed, None, 2, reservation_timeout=120, input_mode=tfonspark.InputMode.SPARK)
         cluster.shutdown(timeout=300)
     print(f"[measured] SIGKILL reported {time.monotonic() - start:.2f}s after run() was called")
     assert time.monotonic() - start < 30
@@ -190,8 +195,9 @@ def _sleep_until_stopped(args, ctx):
 
 def test_tensorboard_serves_until_shutdown(sc, tmp_path, no_leftovers):
     os.environ["TENSORBOARD_PORT"] = str(_free_port())
-    cluster = tfonspark.run(sc, _sleep_until_stopped, 20, 2, tensorboard=True,
-                            log_dir=str(tmp_path), reservation_timeout=120)
+    cluster = tfonspark.run(
+        sc, _sleep_until_stopped, 20, 2, tensorboard=True, log_dir=str(tmp_path), reservation_timeout=120
+    )
     url = cluster.tensorboard_url()
     assert url and url.endswith(os.environ["TENSORBOARD_PORT"])
     local = "http://127.0.0.1:" + url.rsplit(":", 1)[1]

@@ -11,18 +11,20 @@ from tfonspark import dfutil
 from tfonspark.data import tfrecord as tr
 from tfonspark.errors import ConfigError, DataFormatError, InputError
 
-SCHEMA = T.StructType([
-    T.StructField("id", T.LongType()),
-    T.StructField("label", T.IntegerType()),
-    T.StructField("flag", T.BooleanType()),
-    T.StructField("score", T.DoubleType()),
-    T.StructField("weight", T.FloatType()),
-    T.StructField("name", T.StringType()),
-    T.StructField("blob", T.BinaryType()),
-    T.StructField("ids", T.ArrayType(T.LongType())),
-    T.StructField("vec", T.ArrayType(T.FloatType())),
-    T.StructField("tags", T.ArrayType(T.StringType())),
-])
+SCHEMA = T.StructType(
+    [
+        T.StructField("id", T.LongType()),
+        T.StructField("label", T.IntegerType()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("score", T.DoubleType()),
+        T.StructField("weight", T.FloatType()),
+        T.StructField("name", T.StringType()),
+        T.StructField("blob", T.BinaryType()),
+        T.StructField("ids", T.ArrayType(T.LongType())),
+        T.StructField("vec", T.ArrayType(T.FloatType())),
+        T.StructField("tags", T.ArrayType(T.StringType())),
+    ]
+)
 # Doubles are stored as float32 in an Example, so scores are exactly representable ones.
 # Row 0 has one-element arrays: inference must look at later rows to see they are arrays.
 ROWS = [

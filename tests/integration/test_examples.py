@@ -41,8 +41,7 @@ def run(args: list[str], cwd: Path, timeout: float = 240) -> str:
     """Run ``python *args``; its output, or a failure that shows the output's tail."""
     env = {k: v for k, v in os.environ.items() if k != "TFONSPARK_DATA"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     output = done.stdout + done.stderr
     if done.returncode != 0:
         pytest.fail(f"{args[0]} exited with {done.returncode}:\n{output[-4000:]}")
@@ -68,20 +67,29 @@ def test_demo_has_help(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_mnist_tf_trains_exports_and_inference_labels_every_row(digits_dir: Path,
-                                                                  tmp_path: Path) -> None:
+def test_mnist_tf_trains_exports_and_inference_labels_every_row(digits_dir: Path, tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     out = tmp_path / "out"
-    trained = run([str(EXAMPLES / "mnist_tf.py"), "--data", str(digits_dir), *TINY,
-                   "--output-dir", str(out)], tmp_path)
+    trained = run([str(EXAMPLES / "mnist_tf.py"), "--data", str(digits_dir), *TINY, "--output-dir", str(out)], tmp_path)
     accuracy = printed_accuracy(trained)
     assert accuracy > 0.2, trained[-2000:]  # one epoch of 15 steps; chance is 0.1
     assert (out / "export" / "saved_model.pb").is_file() and (out / "metrics.json").is_file()
 
     # local[2]: one JVM starts faster, and where the model runs does not matter here
-    labelled = run([str(EXAMPLES / "mnist_inference.py"), "--data", str(digits_dir),
-                    "--export-dir", str(out / "export"), "--output", str(out / "predictions"),
-                    "--master", "local[2]"], tmp_path)
+    labelled = run(
+        [
+            str(EXAMPLES / "mnist_inference.py"),
+            "--data",
+            str(digits_dir),
+            "--export-dir",
+            str(out / "export"),
+            "--output",
+            str(out / "predictions"),
+            "--master",
+            "local[2]",
+        ],
+        tmp_path,
+    )
     table = pq.read_table(out / "predictions")
     assert table.num_rows == 359  # one prediction per test image
     assert sorted(table.column("id").to_pylist()) == sorted(set(table.column("id").to_pylist()))
@@ -96,8 +104,9 @@ def test_mnist_tf_trains_exports_and_inference_labels_every_row(digits_dir: Path
 @pytest.mark.slow
 def test_mnist_spark_feeds_a_dataframe(digits_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    output = run([str(EXAMPLES / "mnist_spark.py"), "--data", str(digits_dir), *TINY,
-                  "--output-dir", str(out)], tmp_path)
+    output = run(
+        [str(EXAMPLES / "mnist_spark.py"), "--data", str(digits_dir), *TINY, "--output-dir", str(out)], tmp_path
+    )
     assert printed_accuracy(output) > 0.2, output[-2000:]
     assert "1 epochs x 15 steps, 1000 rows fed, 960 trained" in output
     assert (out / "export" / "saved_model.pb").is_file()
@@ -106,14 +115,11 @@ def test_mnist_spark_feeds_a_dataframe(digits_dir: Path, tmp_path: Path) -> None
 @pytest.mark.slow
 def test_demo_falls_back_to_digits_and_draws_its_plots(tmp_path: Path) -> None:
     out = tmp_path / "plots"
-    output = run(["-m", "tfonspark.demo", "--epochs", "1", "--max-train-rows", "1000",
-                  "--out", str(out)], tmp_path)
+    output = run(["-m", "tfonspark.demo", "--epochs", "1", "--max-train-rows", "1000", "--out", str(out)], tmp_path)
     assert "Data: scikit-learn digits" in output and "TFONSPARK_DATA unset" in output
-    assert re.search(r"epoch 1/1  step \d+/15  loss \d\.\d{4}  accuracy \d\.\d{4}  \d+ rows/s",
-                     output), output[-2000:]
+    assert re.search(r"epoch 1/1  step \d+/15  loss \d\.\d{4}  accuracy \d\.\d{4}  \d+ rows/s", output), output[-2000:]
     assert "epoch 1/1  step 15/15  done: " in output
     accuracy = re.search(r"Test accuracy: (\d+\.\d\d)% on 359 scikit-learn digits", output)
     assert accuracy and float(accuracy.group(1)) > 20, output[-2000:]
     for name in ("training_curves.png", "confusion_matrix.png"):
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
-

@@ -72,8 +72,12 @@ def fun_square(args, ctx):
 def test_tfos_inference_of_plain_ints_returns_every_square_in_order(sc, no_leftovers):
     c = TFCluster.run(sc, fun_square, {}, 2, 0, False, TFCluster.InputMode.SPARK, reservation_timeout=120)
     try:
-        out = within(120, "inference over sc.parallelize(range(1000), 10)",
-                     lambda: c.inference(sc.parallelize(range(1000), 10), feed_timeout=120).collect(), sc)
+        out = within(
+            120,
+            "inference over sc.parallelize(range(1000), 10)",
+            lambda: c.inference(sc.parallelize(range(1000), 10), feed_timeout=120).collect(),
+            sc,
+        )
         assert out == [x * x for x in range(1000)]
     finally:
         c.shutdown(timeout=120)
@@ -87,12 +91,17 @@ def fun_raise_late(args, ctx):
 
 
 def test_failure_after_the_feed_ends_raises_at_shutdown_naming_it(sc, no_leftovers):
-    c = TFCluster.run(sc, fun_raise_late, {}, 2, 0, False, TFCluster.InputMode.SPARK,
-                      reservation_timeout=120)
+    c = TFCluster.run(sc, fun_raise_late, {}, 2, 0, False, TFCluster.InputMode.SPARK, reservation_timeout=120)
     try:
-        assert within(120, "train over range(1000)",
-                      lambda: c.train(sc.parallelize(range(1000), 4), num_epochs=1, feed_timeout=60),
-                      sc) == 1000
+        assert (
+            within(
+                120,
+                "train over range(1000)",
+                lambda: c.train(sc.parallelize(range(1000), 4), num_epochs=1, feed_timeout=60),
+                sc,
+            )
+            == 1000
+        )
         start = time.monotonic()
         with pytest.raises(NodeFailed) as info:
             within(60, "shutdown", lambda: c.shutdown(grace_secs=5, timeout=120), sc)
@@ -115,19 +124,27 @@ def rdd_cases(sc) -> dict:
         "ints from a list": (sc.parallelize(list(range(1000)), 10), list(range(1000))),
         "floats": (sc.parallelize([i * 0.5 for i in range(500)], 3), [i * 0.5 for i in range(500)]),
         "tuples (array, label)": (sc.parallelize(vec, 5), vec),
-        "tuples of lists": (sc.parallelize([([float(i)] * 3, i) for i in range(400)], 4),
-                            [([float(i)] * 3, i) for i in range(400)]),
-        "lists": (sc.parallelize([[i, i + 1, i + 2] for i in range(700)], 7),
-                  [[i, i + 1, i + 2] for i in range(700)]),
-        "numpy rows": (sc.parallelize([np.arange(3) + i for i in range(300)], 3),
-                       [np.arange(3) + i for i in range(300)]),
-        "dicts": (sc.parallelize([{"x": i, "y": [i, i]} for i in range(300)], 3),
-                  [{"x": i, "y": [i, i]} for i in range(300)]),
+        "tuples of lists": (
+            sc.parallelize([([float(i)] * 3, i) for i in range(400)], 4),
+            [([float(i)] * 3, i) for i in range(400)],
+        ),
+        "lists": (sc.parallelize([[i, i + 1, i + 2] for i in range(700)], 7), [[i, i + 1, i + 2] for i in range(700)]),
+        "numpy rows": (
+            sc.parallelize([np.arange(3) + i for i in range(300)], 3),
+            [np.arange(3) + i for i in range(300)],
+        ),
+        "dicts": (
+            sc.parallelize([{"x": i, "y": [i, i]} for i in range(300)], 3),
+            [{"x": i, "y": [i, i]} for i in range(300)],
+        ),
         "mapPartitions returning a list": (
             sc.parallelize(range(1000), 10).mapPartitions(lambda it: [x * 2 for x in it]),
-            [x * 2 for x in range(1000)]),
-        "generator partitions": (sc.parallelize(range(1000), 4).mapPartitions(lambda it: (x + 1 for x in it)),
-                                 [x + 1 for x in range(1000)]),
+            [x * 2 for x in range(1000)],
+        ),
+        "generator partitions": (
+            sc.parallelize(range(1000), 4).mapPartitions(lambda it: (x + 1 for x in it)),
+            [x + 1 for x in range(1000)],
+        ),
         "more partitions than rows": (sc.parallelize(range(50), 13), list(range(50))),
         "one big partition": (sc.parallelize(range(20000), 1), list(range(20000))),
     }
@@ -137,12 +154,12 @@ def rdd_cases(sc) -> dict:
 def df_cases(spark) -> dict:
     from pyspark.sql import functions as F
 
-    arr = (spark.range(0, 900, numPartitions=6)
-           .select(F.array(*[F.col("id").cast("float")] * 3).alias("features"), F.col("id").alias("label")))
+    arr = spark.range(0, 900, numPartitions=6).select(
+        F.array(*[F.col("id").cast("float")] * 3).alias("features"), F.col("id").alias("label")
+    )
     tuples = spark.createDataFrame([(i, float(i) / 2) for i in range(500)], "a long, b double").repartition(4)
     return {
-        "DataFrame of one long column": (spark.range(0, 1000, numPartitions=7),
-                                         [(i,) for i in range(1000)]),
+        "DataFrame of one long column": (spark.range(0, 1000, numPartitions=7), [(i,) for i in range(1000)]),
         "DataFrame with an array column": (arr, [([float(i)] * 3, i) for i in range(900)]),
         "DataFrame from Python tuples": (tuples, None),  # repartition() shuffles: compare sums
     }
@@ -161,20 +178,30 @@ def _sum_rows(args, ctx):
 
 
 def test_inference_of_every_row_shape_returns_one_result_per_row_in_order(sc, spark, no_leftovers):
-    cluster = tfonspark.run(sc, _sum_rows, {"sizes": BATCH_SIZES}, 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(
+        sc, _sum_rows, {"sizes": BATCH_SIZES}, 2, input_mode=InputMode.SPARK, reservation_timeout=120
+    )
     wrong = []
     try:
         for name, (rdd, rows) in rdd_cases(sc).items():
-            got = within(120, f"inference of {name}", lambda rdd=rdd: cluster.inference(rdd, feed_timeout=60).collect(), sc)
+            got = within(
+                120, f"inference of {name}", lambda rdd=rdd: cluster.inference(rdd, feed_timeout=60).collect(), sc
+            )
             if got != [leaf_sum(r) for r in rows]:
                 wrong.append(f"{name}: {len(got)} results, first {got[:5]}")
         for name, (df, rows) in df_cases(spark).items():
-            got = within(120, f"inference of {name}",
-                         lambda df=df: [r[0] for r in cluster.inference(df, feed_timeout=60).collect()], sc)
+            got = within(
+                120,
+                f"inference of {name}",
+                lambda df=df: [r[0] for r in cluster.inference(df, feed_timeout=60).collect()],
+                sc,
+            )
             expected = [leaf_sum(r) for r in rows] if rows is not None else None
-            if (expected is not None and got != expected) or len(got) != df.count() or \
-                    sum(got) != pytest.approx(sum(leaf_sum(r) for r in df.collect())):
+            if (
+                (expected is not None and got != expected)
+                or len(got) != df.count()
+                or sum(got) != pytest.approx(sum(leaf_sum(r) for r in df.collect()))
+            ):
                 wrong.append(f"{name}: {len(got)} results, first {got[:5]}")
     finally:
         cluster.shutdown(timeout=120)
@@ -210,17 +237,23 @@ def test_training_on_every_row_shape_reads_each_row_once(sc, spark, tmp_path, no
 
     cases = {**rdd_cases(sc), **df_cases(spark)}
     qnames = {name: f"case{i}" for i, name in enumerate(cases)}
-    cluster = tfonspark.run(sc, _tally, {"sizes": BATCH_SIZES, "dir": str(tmp_path),
-                                         "cases": list(qnames.values())},
-                            2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    cluster = tfonspark.run(
+        sc,
+        _tally,
+        {"sizes": BATCH_SIZES, "dir": str(tmp_path), "cases": list(qnames.values())},
+        2,
+        input_mode=InputMode.SPARK,
+        reservation_timeout=120,
+    )
     wrong = []
     try:
         for name, (data, rows) in cases.items():
             epochs = 2 if name == "ints from range" else 1
             rows = rows if rows is not None else data.collect()
             q = qnames[name]
-            fed = within(120, f"train on {name}",
-                         lambda d=data, e=epochs, q=q: cluster.train(d, e, feed_timeout=60, qname=q), sc)
+            fed = within(
+                120, f"train on {name}", lambda d=data, e=epochs, q=q: cluster.train(d, e, feed_timeout=60, qname=q), sc
+            )
             close_feeds(cluster, (q,))  # what shutdown() does for the "input" queue
             wait_until(lambda q=q: len(list(tmp_path.glob(f"{q}-node*.json"))) == 2, 60)
             read = _read_tally(tmp_path, q)
@@ -265,10 +298,12 @@ def test_a_partition_retried_by_spark_is_read_exactly_once(sc, tmp_path, no_left
                 raise RuntimeError("injected failure at row 2500 of partition 1")
             yield row
 
-    rdd = (sc.parallelize(range(20000), 4).map(lambda i: (np.full(784, i % 7, np.float32), i))
-           .mapPartitionsWithIndex(flaky))
-    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    rdd = (
+        sc.parallelize(range(20000), 4)
+        .map(lambda i: (np.full(784, i % 7, np.float32), i))
+        .mapPartitionsWithIndex(flaky)
+    )
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     try:
         assert within(180, "train with a retried partition", lambda: cluster.train(rdd, feed_timeout=60), sc) == 20000
     finally:
@@ -298,8 +333,7 @@ def test_a_stalled_feeder_fails_the_feed_within_feed_timeout(sc, no_leftovers):
             yield row
 
     rdd = sc.parallelize(range(4000), 4).map(lambda i: np.full(784, i, np.float32)).mapPartitionsWithIndex(stall)
-    cluster = tfonspark.run(sc, _read_slowly_forever, None, 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _read_slowly_forever, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     try:
         start = time.monotonic()
         with pytest.raises(FeedTimeout) as info:
@@ -339,13 +373,16 @@ def _read_but_never_answer(args, ctx):
 
 
 def test_results_that_never_come_fail_the_inference_within_feed_timeout(sc, no_leftovers):
-    cluster = tfonspark.run(sc, _read_but_never_answer, None, 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _read_but_never_answer, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     try:
         start = time.monotonic()
         with pytest.raises(Exception) as info:
-            within(120, "inference whose results never come",
-                   lambda: cluster.inference(sc.parallelize(range(100), 2), feed_timeout=3).collect(), sc)
+            within(
+                120,
+                "inference whose results never come",
+                lambda: cluster.inference(sc.parallelize(range(100), 2), feed_timeout=3).collect(),
+                sc,
+            )
         elapsed = time.monotonic() - start
         print(f"\n[measured] results never sent -> error after {elapsed:.1f}s (feed_timeout=3)")
         assert "FeedTimeout" in str(info.value) and "feed_timeout=3" in str(info.value)
@@ -363,8 +400,9 @@ def test_a_silent_supervisor_is_reported_lost_within_heartbeat_timeout(sc, no_le
     cluster = tfonspark.run(sc, _sleep_in_map_fun, None, 2, reservation_timeout=120)
     stopped = []
     try:
-        supervisors = [p for p in node_processes([cluster.cluster_id])
-                       if "tfonspark.executor.supervisor" in " ".join(p.cmdline())]
+        supervisors = [
+            p for p in node_processes([cluster.cluster_id]) if "tfonspark.executor.supervisor" in " ".join(p.cmdline())
+        ]
         assert supervisors
         supervisors[0].send_signal(signal.SIGSTOP)
         stopped.append(supervisors[0])

@@ -42,8 +42,7 @@ def _totals(path):
 
 def test_rdd_feed_delivers_every_row_each_epoch(sc, tmp_path, no_leftovers):
     rdd = sc.parallelize([(np.full(784, i % 7, np.float32), i) for i in range(3000)], 6).cache()
-    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     assert cluster.train(rdd, num_epochs=3) == 9000
     cluster.shutdown(timeout=120)
     rows, label_sum, parts = _totals(tmp_path)
@@ -58,11 +57,12 @@ def test_rdd_feed_delivers_every_row_each_epoch(sc, tmp_path, no_leftovers):
 def test_dataframe_feed_via_arrow(spark, tmp_path, no_leftovers):
     from pyspark.sql import functions as F
 
-    df = (spark.range(0, 5000, numPartitions=5)
-          .select(F.array(*[F.col("id").cast("float") for _ in range(32)]).alias("features"),
-                  F.col("id").alias("label")))
-    cluster = tfonspark.run(spark.sparkContext, _count_rows, str(tmp_path), 2,
-                            input_mode=InputMode.SPARK, reservation_timeout=120)
+    df = spark.range(0, 5000, numPartitions=5).select(
+        F.array(*[F.col("id").cast("float") for _ in range(32)]).alias("features"), F.col("id").alias("label")
+    )
+    cluster = tfonspark.run(
+        spark.sparkContext, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120
+    )
     assert cluster.train(df, num_epochs=2) == 10000
     cluster.shutdown(timeout=120)
     rows, label_sum, parts = _totals(tmp_path)
@@ -95,8 +95,7 @@ def test_inference_returns_one_result_per_row_in_order(spark, no_leftovers):
 def test_ragged_rows_name_partition_and_row(sc, tmp_path, no_leftovers):
     rows = [(np.zeros(3, np.float32), 0)] * 10 + [(np.zeros(4, np.float32), 1)] + [(np.zeros(3, np.float32), 0)]
     rdd = sc.parallelize(rows, 1)
-    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     try:
         with pytest.raises(InputError) as info:
             cluster.train(rdd)
@@ -119,8 +118,7 @@ def _die_mid_feed(args, ctx):
 def test_node_dying_mid_feed_fails_train_quickly(sc, tmp_path, no_leftovers):
     os.environ["TFOS_FEED_BUFFER_BYTES"] = str(1 << 20)
     rdd = sc.parallelize(range(40), 4).flatMap(lambda i: [(np.zeros(1024, np.float32), i)] * 2000)
-    cluster = tfonspark.run(sc, _die_mid_feed, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _die_mid_feed, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     with pytest.raises(NodeFailed) as info:
         cluster.train(rdd, feed_timeout=300)
     raised = time.time()
@@ -144,8 +142,7 @@ def _terminate_early(args, ctx):
 def test_terminate_stops_the_feed(sc, tmp_path, no_leftovers):
     os.environ["TFOS_FEED_BUFFER_BYTES"] = str(1 << 20)
     rdd = sc.parallelize(range(20), 20).flatMap(lambda i: [(np.zeros(256, np.float32), i)] * 5000)
-    cluster = tfonspark.run(sc, _terminate_early, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _terminate_early, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     start = time.monotonic()
     delivered = cluster.train(rdd)
     assert time.monotonic() - start < 60
@@ -177,8 +174,7 @@ def test_two_gigabyte_feed_keeps_node_memory_bounded(sc, tmp_path, no_leftovers)
     disk. Measured 339-411 MB over seven runs (325 MB before partitions were staged, issue 10).
     """
     rdd = sc.parallelize(range(8), 8).flatMap(lambda i: (np.zeros(262144, np.float32) for _ in range(256)))
-    cluster = tfonspark.run(sc, _measure_rss, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _measure_rss, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     assert cluster.train(rdd) == 2048
     cluster.shutdown(timeout=300)
     stats = [json.loads(p.read_text()) for p in tmp_path.glob("rss*.json")]
@@ -201,8 +197,7 @@ def _fail_after_feed(args, ctx):
 
 def test_failure_after_the_feed_surfaces_at_shutdown(sc, tmp_path, no_leftovers):
     rdd = sc.parallelize(range(400), 4).map(lambda i: (np.zeros(4, np.float32), i))
-    cluster = tfonspark.run(sc, _fail_after_feed, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _fail_after_feed, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     assert cluster.train(rdd) == 400
     with pytest.raises(NodeFailed) as info:
         cluster.shutdown(timeout=120)
@@ -222,8 +217,7 @@ def test_cached_input_is_not_reread_across_epochs(sc, tmp_path, no_leftovers):
 
     rdd = sc.parallelize(range(1000), 4).map(touch).cache()
     assert rdd.count() == 1000 and reads.value == 1000
-    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     assert cluster.train(rdd, num_epochs=3) == 3000
     cluster.shutdown(timeout=120)
     assert reads.value == 1000, "epochs must come from the cache, not recompute the source"

@@ -41,9 +41,7 @@ def _run_cluster(phase: str, tmp: Path, **extra_env: str) -> list[dict]:
     for index in range(2):
         env = dict(os.environ)
         env.update(
-            TF_CONFIG=json.dumps(
-                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-            ),
+            TF_CONFIG=json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}),
             TF_CPP_MIN_LOG_LEVEL="2",
             TF_NUM_INTRAOP_THREADS="1",
             CUDA_VISIBLE_DEVICES="",

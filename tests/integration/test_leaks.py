@@ -36,12 +36,14 @@ def _never_runs(args, ctx):
 def test_tf_process_failing_before_map_fun_leaves_no_feed_socket(sc, no_leftovers):
     before = set(feed_socket_dirs())
     with pytest.raises(NodeFailed) as info:
-        cluster = tfonspark.run(sc, _never_runs, _FailsToUnpickle(), 2, input_mode=InputMode.SPARK,
-                                reservation_timeout=120)
+        cluster = tfonspark.run(
+            sc, _never_runs, _FailsToUnpickle(), 2, input_mode=InputMode.SPARK, reservation_timeout=120
+        )
         cluster.shutdown(timeout=120)
     assert "tf_args cannot be rebuilt in the TF process" in str(info.value) + info.value.traceback
-    assert wait_until(lambda: not set(feed_socket_dirs()) - before, 10), \
+    assert wait_until(lambda: not set(feed_socket_dirs()) - before, 10), (
         f"feed sockets left behind: {sorted(set(feed_socket_dirs()) - before)}"
+    )
 
 
 def _serve(args, ctx):
@@ -58,11 +60,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_sigkilled_supervisor_takes_its_tf_process_and_socket_along(sc, no_leftovers):
-    cluster = tfonspark.run(sc, _serve, None, 2, input_mode=InputMode.SPARK, tensorboard=True,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _serve, None, 2, input_mode=InputMode.SPARK, tensorboard=True, reservation_timeout=120)
     try:
-        victim = next(n for n in cluster.server.nodes.values()
-                      if (n.role.job_name, n.role.task_index) == ("worker", 0))
+        victim = next(n for n in cluster.server.nodes.values() if (n.role.job_name, n.role.task_index) == ("worker", 0))
         up = victim.up
         assert up is not None and up.data_path and os.path.exists(up.data_path)
         assert up.tensorboard_url and "0.0.0.0" not in up.tensorboard_url
@@ -78,10 +78,8 @@ def test_sigkilled_supervisor_takes_its_tf_process_and_socket_along(sc, no_lefto
         killed_at = time.monotonic()
         os.kill(supervisor.pid, signal.SIGKILL)
         assert wait_until(lambda: _gone(up.tf_pid), 15), "the TF process outlived its supervisor"
-        print(f"[measured] TF process exited {time.monotonic() - killed_at:.2f}s after its "
-              "supervisor was SIGKILLed")
-        assert wait_until(lambda: all(_gone(pid) for pid in children), 15), \
-            "TensorBoard outlived the TF process"
+        print(f"[measured] TF process exited {time.monotonic() - killed_at:.2f}s after its supervisor was SIGKILLed")
+        assert wait_until(lambda: all(_gone(pid) for pid in children), 15), "TensorBoard outlived the TF process"
         assert not os.path.exists(os.path.dirname(up.data_path)), "the feed socket dir was left behind"
         assert wait_until(lambda: bool(cluster.server.failures()), 30), "the driver did not notice"
     finally:

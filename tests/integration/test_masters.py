@@ -20,8 +20,7 @@ by_value(__name__)
 
 def _feed_and_infer(sc, tmp_path):
     rdd = sc.parallelize([(np.full(8, i, np.float32), i) for i in range(1000)], 4)
-    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK,
-                            reservation_timeout=120)
+    cluster = tfonspark.run(sc, _count_rows, str(tmp_path), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     assert cluster.train(rdd, num_epochs=2) == 2000
     cluster.shutdown(timeout=120)
     rows, label_sum, _ = _totals(tmp_path)

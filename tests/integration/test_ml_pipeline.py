@@ -68,13 +68,20 @@ def test_transform_serves_every_row_once_loaded_per_worker(spark, tmp_path, monk
     export_dir = str(tmp_path / "linear")
     _export_linear(export_dir, [3.0, -2.0])
     df = spark.range(0, 1000, numPartitions=4).select(
-        "id", F.array(F.col("id").cast("double"), F.lit(1.0)).alias("features"), F.lit("k").alias("tag"))
-    model = (TFModel().setExportDir(export_dir).setInputMapping({"features": "x"})
-             .setOutputMapping({"prediction": "pred", "scaled": "scaled"}).setBatchSize(64))
+        "id", F.array(F.col("id").cast("double"), F.lit(1.0)).alias("features"), F.lit("k").alias("tag")
+    )
+    model = (
+        TFModel()
+        .setExportDir(export_dir)
+        .setInputMapping({"features": "x"})
+        .setOutputMapping({"prediction": "pred", "scaled": "scaled"})
+        .setBatchSize(64)
+    )
     out = model.transform(df)
     assert "ArrowEvalPython" in out._jdf.queryExecution().executedPlan().toString()
-    assert out.schema.simpleString() == ("struct<id:bigint,features:array<double>,tag:string,"
-                                         "pred:float,scaled:array<float>>")
+    assert out.schema.simpleString() == (
+        "struct<id:bigint,features:array<double>,tag:string,pred:float,scaled:array<float>>"
+    )
     rows = sorted(out.collect(), key=lambda r: r.id)
     assert [r.id for r in rows] == list(range(1000)) and {r.tag for r in rows} == {"k"}
     assert all(r.pred == 3.0 * r.id - 2.0 and r.scaled == [3.0 * r.id, -2.0] for r in rows)
@@ -132,8 +139,9 @@ def _least_squares(args, ctx):
             return {"prediction": tf.linalg.matvec(x, self.w)}
 
     module = Linear()
-    TFNode.export_saved_model(module, args.export_dir, signatures={"serving_default": module.serve},
-                              is_chief=ctx.is_chief)
+    TFNode.export_saved_model(
+        module, args.export_dir, signatures={"serving_default": module.serve}, is_chief=ctx.is_chief
+    )
 
 
 def test_pipeline_fits_in_tensorflow_mode_saves_and_loads(spark, tmp_path):
@@ -147,13 +155,19 @@ def test_pipeline_fits_in_tensorflow_mode_saves_and_loads(spark, tmp_path):
     x = rng.random((300, 2))
     train = spark.createDataFrame(
         [(float(a), float(b), float(3 * a - 2 * b), "extra") for a, b in x],
-        "x1 double, x2 double, label double, note string").repartition(3)
+        "x1 double, x2 double, label double, note string",
+    ).repartition(3)
     features = SQLTransformer(statement="SELECT *, array(x1, x2) AS features FROM __THIS__")
-    estimator = (TFEstimator(_least_squares, {"note": "from tf_args"})
-                 .setInputMode(InputMode.TENSORFLOW).setTFRecordDir(str(tmp_path / "tfr"))
-                 .setInputMapping({"features": "x", "label": "y"}).setModelDir(str(tmp_path))
-                 .setExportDir(str(tmp_path / "export")).setOutputMapping({"prediction": "pred"})
-                 .setGraceSecs(0))
+    estimator = (
+        TFEstimator(_least_squares, {"note": "from tf_args"})
+        .setInputMode(InputMode.TENSORFLOW)
+        .setTFRecordDir(str(tmp_path / "tfr"))
+        .setInputMapping({"features": "x", "label": "y"})
+        .setModelDir(str(tmp_path))
+        .setExportDir(str(tmp_path / "export"))
+        .setOutputMapping({"prediction": "pred"})
+        .setGraceSecs(0)
+    )
     pipeline = Pipeline(stages=[features, estimator])
     fitted = pipeline.fit(train)
 
@@ -172,7 +186,9 @@ def test_pipeline_fits_in_tensorflow_mode_saves_and_loads(spark, tmp_path):
     assert loaded_estimator.train_fn.__name__ == "_least_squares"
     assert loaded_estimator.args.note == "from tf_args"
     assert loaded_estimator.getInputMode() == 0 and loaded_estimator.getInputMapping() == {
-        "features": "x", "label": "y"}
+        "features": "x",
+        "label": "y",
+    }
     loaded = PipelineModel.load(str(tmp_path / "fitted"))
     assert isinstance(loaded.stages[1], TFModel) and loaded.stages[1].args.note == "from tf_args"
     assert [r.pred for r in loaded.transform(test).orderBy("x1").collect()] == preds
@@ -194,8 +210,9 @@ def test_pipeline_fits_in_tensorflow_mode_saves_and_loads(spark, tmp_path):
     with allow_pickle():
         PipelineModel.load(str(tmp_path / "fitted"))
     assert marker.exists()
-    with pytest.raises(ConfigError, match="holds a saved tfonspark.ml.estimator.TFEstimator, not a "
-                                          "tfonspark.ml.model.TFModel"):
+    with pytest.raises(
+        ConfigError, match="holds a saved tfonspark.ml.estimator.TFEstimator, not a tfonspark.ml.model.TFModel"
+    ):
         TFModel.load(str(tmp_path / "pipeline" / "stages" / f"1_{estimator.uid}"))
 
 

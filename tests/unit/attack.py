@@ -58,11 +58,26 @@ def _targets(address: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def flood(address: Any, n_idle: int, n_slow: int = 0, duration: float | None = None,
-          slow_every: float = 5.0, reconnect: bool = True) -> Iterator[Flood]:
+def flood(
+    address: Any,
+    n_idle: int,
+    n_slow: int = 0,
+    duration: float | None = None,
+    slow_every: float = 5.0,
+    reconnect: bool = True,
+) -> Iterator[Flood]:
     """Flood ``address`` while the block runs: ``(host, port)``, a Unix socket path, or a list."""
-    cmd = [sys.executable, os.path.abspath(__file__), "flood", "--idle", str(n_idle),
-           "--slow", str(n_slow), "--slow-every", str(slow_every)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "flood",
+        "--idle",
+        str(n_idle),
+        "--slow",
+        str(n_slow),
+        "--slow-every",
+        str(slow_every),
+    ]
     cmd += ["--duration", str(duration)] if duration is not None else []
     cmd += [] if reconnect else ["--no-reconnect"]
     cmd += _targets(address)
@@ -81,8 +96,7 @@ def flood(address: Any, n_idle: int, n_slow: int = 0, duration: float | None = N
 class _Attacker:
     """The flood process: keeps its connections open, reopening those the server closes."""
 
-    def __init__(self, targets: list[str], n_idle: int, n_slow: int,
-                 slow_every: float, reconnect: bool) -> None:
+    def __init__(self, targets: list[str], n_idle: int, n_slow: int, slow_every: float, reconnect: bool) -> None:
         self.targets = targets
         self.slow_every = slow_every
         self.reconnect = reconnect
@@ -129,7 +143,7 @@ class _Attacker:
         for sock, slow in list(self.conns.items()):
             if slow:
                 with contextlib.suppress(OSError):
-                    sock.send(_TRICKLE[step % len(_TRICKLE):][:1])
+                    sock.send(_TRICKLE[step % len(_TRICKLE) :][:1])
 
     def run(self, duration: float | None) -> None:
         for slow in self.wanted:
@@ -180,8 +194,9 @@ def _flood_main(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def rendezvous_process(nofile: int, servers: int = 2,
-                       pythonpath: str | None = None) -> Iterator[tuple[list[tuple[str, int]], dict]]:
+def rendezvous_process(
+    nofile: int, servers: int = 2, pythonpath: str | None = None
+) -> Iterator[tuple[list[tuple[str, int]], dict]]:
     """RendezvousServers (one node each) in a process limited to ``nofile`` descriptors.
 
     Yields their addresses and a dict that receives the process's final report.
@@ -189,8 +204,7 @@ def rendezvous_process(nofile: int, servers: int = 2,
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, os.path.abspath(__file__), "serve", "--nofile", str(nofile),
-           "--servers", str(servers)]
+    cmd = [sys.executable, os.path.abspath(__file__), "serve", "--nofile", str(nofile), "--servers", str(servers)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     report: dict = {}
     try:
@@ -220,8 +234,10 @@ def _serve_main(args: argparse.Namespace) -> None:
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, hard))
-    servers = [RendezvousServer(CLUSTER, plan_roles(1, 0, None, False, False),
-                                bytes.fromhex(SECRET_HEX), "127.0.0.1") for _ in range(args.servers)]
+    servers = [
+        RendezvousServer(CLUSTER, plan_roles(1, 0, None, False, False), bytes.fromhex(SECRET_HEX), "127.0.0.1")
+        for _ in range(args.servers)
+    ]
     print(json.dumps({"addresses": [list(s.address) for s in servers]}), flush=True)
     sys.stdin.read()  # until the test closes our stdin
     report = {
@@ -248,8 +264,9 @@ def register_once(address: Sequence, executor_id: int = 0, timeout: float = 10.0
     conn = f.connect(address, bytes.fromhex(SECRET_HEX), timeout=timeout)
     try:
         conn.settimeout(max(0.1, timeout - (time.monotonic() - start)))
-        m.send_message(conn, m.Register(executor_id, "127.0.0.1", 20000 + executor_id,
-                                        f"key-{executor_id}", os.getpid(), CLUSTER))
+        m.send_message(
+            conn, m.Register(executor_id, "127.0.0.1", 20000 + executor_id, f"key-{executor_id}", os.getpid(), CLUSTER)
+        )
         reply = m.recv_message(conn, m.ClusterReady, m.Reject)
     finally:
         conn.close()
@@ -265,8 +282,14 @@ def _attempt(address: Sequence, timeout: float) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def rendezvous_scenario(pythonpath: str | None = None, nofile: int = 64, n_idle: int = 200,
-                        n_slow: int = 20, timeout: float = 10.0, settle: float = 1.0) -> dict:
+def rendezvous_scenario(
+    pythonpath: str | None = None,
+    nofile: int = 64,
+    n_idle: int = 200,
+    n_slow: int = 20,
+    timeout: float = 10.0,
+    settle: float = 1.0,
+) -> dict:
     """Flood two fd-starved RendezvousServers; register on one during, the other after the flood."""
     result: dict[str, Any] = {"nofile": nofile, "n_idle": n_idle, "n_slow": n_slow}
     with rendezvous_process(nofile, 2, pythonpath) as (addresses, report):
@@ -304,8 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "serve":
         _serve_main(args)
     else:
-        print(json.dumps(rendezvous_scenario(args.pythonpath, args.nofile, args.idle, args.slow),
-                         indent=1))
+        print(json.dumps(rendezvous_scenario(args.pythonpath, args.nofile, args.idle, args.slow), indent=1))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ NODE = SimpleNamespace(role=SimpleNamespace(name="worker:1"))
 
 
 def stalled(feed_id: str, train: bool = True) -> m.NodeEvent:
-    return m.NodeEvent(1, "feed_stalled", {"partition": 3, "timeout": 4.0, "received": 16,
-                                            "train": train, "feed_id": feed_id})
+    return m.NodeEvent(
+        1, "feed_stalled", {"partition": 3, "timeout": 4.0, "received": 16, "train": train, "feed_id": feed_id}
+    )
 
 
 def test_a_stalled_feed_of_the_running_train_cancels_it_with_a_clear_error():

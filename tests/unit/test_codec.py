@@ -21,8 +21,7 @@ from tfonspark.wire.codec import ColumnBatch, Scratch, decode_batch, encode_batc
 def round_trip(batch: ColumnBatch) -> ColumnBatch:
     """Encode to frame parts, join them as the wire would, decode the received frame."""
     parts = encode_batch(batch)
-    payload = bytearray(b"".join(bytes(memoryview(p).cast("B")) if not isinstance(p, bytes) else p
-                                 for p in parts))
+    payload = bytearray(b"".join(bytes(memoryview(p).cast("B")) if not isinstance(p, bytes) else p for p in parts))
     return decode_batch(memoryview(payload))
 
 
@@ -143,20 +142,26 @@ def test_scratch_reuses_its_memory_from_batch_to_batch():
     assert third.shape == (80, 784) and third[:, 0].tolist() == list(range(500, 580))
 
 
-@pytest.mark.parametrize("rows", [
-    [np.zeros(784, np.float32), np.zeros(784, np.float64)],         # dtypes promote, as without
-    [np.zeros(784, np.float32), np.zeros(784, np.float32).view(type("Sub", (np.ndarray,), {}))],
-    [np.zeros(784, np.float32), [0.0] * 784],                          # a list among arrays
-    [np.zeros(8, np.float32), np.zeros(8, np.float32)],                # small values: np.asarray
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [np.zeros(784, np.float32), np.zeros(784, np.float64)],  # dtypes promote, as without
+        [np.zeros(784, np.float32), np.zeros(784, np.float32).view(type("Sub", (np.ndarray,), {}))],
+        [np.zeros(784, np.float32), [0.0] * 784],  # a list among arrays
+        [np.zeros(8, np.float32), np.zeros(8, np.float32)],  # small values: np.asarray
+    ],
+)
 def test_scratch_falls_back_to_numpy_rules(rows):
     assert pack_rows(rows, scratch=Scratch()).columns[0].tolist() == pack_rows(rows).columns[0].tolist()
 
 
-@pytest.mark.parametrize(("rows", "row"), [
-    ([np.zeros(784), np.zeros(784), np.zeros(783)], 2),
-    ([np.zeros((28, 28)), np.zeros((28, 27))], 1),
-])
+@pytest.mark.parametrize(
+    ("rows", "row"),
+    [
+        ([np.zeros(784), np.zeros(784), np.zeros(783)], 2),
+        ([np.zeros((28, 28)), np.zeros((28, 27))], 1),
+    ],
+)
 def test_scratch_still_names_the_ragged_row(rows, row):
     with pytest.raises(InputError, match="ragged") as info:
         pack_rows(rows, partition=3, first_row=10, scratch=Scratch())
@@ -169,20 +174,23 @@ def test_namedtuple_rows_are_tuples():
     assert batch.layout == "tuple" and [c.tolist() for c in batch.columns] == [[1, 3], [2, 4]]
 
 
-@pytest.mark.parametrize(("rows", "column", "row", "words"), [
-    ([(1, 2), (3, 4), (5, 6, 7)], None, 2, "expected 2 fields"),
-    ([(1, 2), [3, 4], 5], None, 2, "received int"),
-    ([np.zeros(3), np.zeros(3), np.zeros(4)], 0, 2, "shape=(4,)"),
-    ([np.zeros((2, 2)), np.zeros((2, 3))], 0, 1, "expected shape=(2, 2)"),
-    ([(1, [1.0, 2.0]), (2, [1.0])], 1, 1, "ragged"),
-    ([(1.0,), (None,)], 0, 1, "None"),
-    ([1, 2, "three"], 0, 2, "type=str"),                  # numbers, then a string
-    ([(1, 2.0), (2, "x")], 1, 1, "type=str"),
-    ([[1, 2], [3, "x"]], 1, 1, "mixed"),
-    ([np.zeros(3), 5.0], 0, 1, "shape=()"),               # an array column, then a scalar
-    ([(np.zeros(3), 1), (np.zeros(3), 2), (np.zeros(2), 3)], 0, 2, "shape=(2,)"),
-    ([(1, 2)] * 40 + [(1, 2, 3)], None, 40, "expected 2 fields"),  # found past the fast check
-])
+@pytest.mark.parametrize(
+    ("rows", "column", "row", "words"),
+    [
+        ([(1, 2), (3, 4), (5, 6, 7)], None, 2, "expected 2 fields"),
+        ([(1, 2), [3, 4], 5], None, 2, "received int"),
+        ([np.zeros(3), np.zeros(3), np.zeros(4)], 0, 2, "shape=(4,)"),
+        ([np.zeros((2, 2)), np.zeros((2, 3))], 0, 1, "expected shape=(2, 2)"),
+        ([(1, [1.0, 2.0]), (2, [1.0])], 1, 1, "ragged"),
+        ([(1.0,), (None,)], 0, 1, "None"),
+        ([1, 2, "three"], 0, 2, "type=str"),  # numbers, then a string
+        ([(1, 2.0), (2, "x")], 1, 1, "type=str"),
+        ([[1, 2], [3, "x"]], 1, 1, "mixed"),
+        ([np.zeros(3), 5.0], 0, 1, "shape=()"),  # an array column, then a scalar
+        ([(np.zeros(3), 1), (np.zeros(3), 2), (np.zeros(2), 3)], 0, 2, "shape=(2,)"),
+        ([(1, 2)] * 40 + [(1, 2, 3)], None, 40, "expected 2 fields"),  # found past the fast check
+    ],
+)
 def test_ragged_or_mixed_rows_name_column_partition_and_row(rows, column, row, words):
     with pytest.raises(InputError) as info:
         pack_rows(rows, partition=7, first_row=1000)
@@ -191,12 +199,15 @@ def test_ragged_or_mixed_rows_name_column_partition_and_row(rows, column, row, w
     assert words in str(err) and "partition=7" in str(err) and f"row={1000 + row}" in str(err)
 
 
-@pytest.mark.parametrize(("rows", "row"), [
-    ([{"a": 1, "b": 2}, {"a": 3}], 1),                  # missing key
-    ([{"a": 1}, {"a": 2}, {"a": 3, "b": 4}], 2),        # an extra key is not silently dropped
-    ([{"a": 1}, {"b": 2}], 1),
-    ([{"a": 1}, (1,)], 1),                               # not a dict at all
-])
+@pytest.mark.parametrize(
+    ("rows", "row"),
+    [
+        ([{"a": 1, "b": 2}, {"a": 3}], 1),  # missing key
+        ([{"a": 1}, {"a": 2}, {"a": 3, "b": 4}], 2),  # an extra key is not silently dropped
+        ([{"a": 1}, {"b": 2}], 1),
+        ([{"a": 1}, (1,)], 1),  # not a dict at all
+    ],
+)
 def test_dict_rows_with_other_keys(rows, row):
     with pytest.raises(InputError, match="keys") as info:
         pack_rows(rows, partition=2, first_row=10)
@@ -206,8 +217,9 @@ def test_dict_rows_with_other_keys(rows, row):
 # ---- encode / decode ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["int8", "uint16", "int32", "int64", "float16", "float32", "float64",
-                                   "bool", "complex64"])
+@pytest.mark.parametrize(
+    "dtype", ["int8", "uint16", "int32", "int64", "float16", "float32", "float64", "bool", "complex64"]
+)
 @pytest.mark.parametrize("shape", [(5,), (4, 3), (2, 3, 4), (0,), (0, 7)])
 def test_numeric_round_trip_keeps_dtype_shape_and_values(dtype, shape):
     rng = np.random.default_rng(0)
@@ -220,9 +232,17 @@ def test_numeric_round_trip_keeps_dtype_shape_and_values(dtype, shape):
 
 
 def test_round_trip_of_mixed_columns_layout_and_names():
-    batch = ColumnBatch([np.arange(3), ["α", "β", "γ"], [b"\x00", b"\x01", b"\x02"],
-                         np.ones((3, 2), np.float32), [{"k": 1}, None, 2.5]], "dict",
-                        ["i", "s", "b", "v", "o"])
+    batch = ColumnBatch(
+        [
+            np.arange(3),
+            ["α", "β", "γ"],
+            [b"\x00", b"\x01", b"\x02"],
+            np.ones((3, 2), np.float32),
+            [{"k": 1}, None, 2.5],
+        ],
+        "dict",
+        ["i", "s", "b", "v", "o"],
+    )
     out = round_trip(batch)
     assert out.layout == "dict" and out.names == ["i", "s", "b", "v", "o"]
     assert out.columns[0].tolist() == [0, 1, 2]
@@ -276,25 +296,29 @@ def _evil(target) -> bytes:
     return pickle.dumps(Evil())
 
 
-@pytest.mark.parametrize("payload", [
-    b"",
-    b"J{}",
-    b"B",
-    b"B\x00\x00",
-    b"B\x00\x00\x00\x05abc",
-    b"B\x00\x00\x00\x04nope",
-    b"B\xff\xff\xff\xff{}",
-    bytes(frame({"layout": "tuple", "names": None})),                                    # no cols
-    bytes(frame({"cols": [{"dtype": "<f8", "shape": [4]}], "layout": "tuple", "names": None}, b"\0" * 8)),
-    bytes(frame({"cols": [{"dtype": "no-such-type", "shape": [1]}], "layout": "t", "names": None}, b"\0" * 8)),
-    bytes(frame({"cols": [{"dtype": "<f8", "shape": ["x"]}], "layout": "t", "names": None}, b"\0" * 8)),
-    bytes(frame({"cols": [{"dtype": "<f8", "shape": [-1]}], "layout": "t", "names": None}, b"\0" * 8)),
-    bytes(frame({"cols": [{"dtype": "|O", "shape": [1]}], "layout": "t", "names": None}, b"\0" * 8)),
-    bytes(frame({"cols": [{"pickle": 10}], "layout": "t", "names": None}, b"not pickle")),
-    bytes(frame({"cols": [{"pickle": 10}], "layout": "t", "names": None}, pickle.dumps([1, 2, 3])[:5])),
-    bytes(frame({"cols": ["x"], "layout": "t", "names": None})),
-    bytes(frame([1, 2])),  # type: ignore[arg-type]
-], ids=repr)
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"J{}",
+        b"B",
+        b"B\x00\x00",
+        b"B\x00\x00\x00\x05abc",
+        b"B\x00\x00\x00\x04nope",
+        b"B\xff\xff\xff\xff{}",
+        bytes(frame({"layout": "tuple", "names": None})),  # no cols
+        bytes(frame({"cols": [{"dtype": "<f8", "shape": [4]}], "layout": "tuple", "names": None}, b"\0" * 8)),
+        bytes(frame({"cols": [{"dtype": "no-such-type", "shape": [1]}], "layout": "t", "names": None}, b"\0" * 8)),
+        bytes(frame({"cols": [{"dtype": "<f8", "shape": ["x"]}], "layout": "t", "names": None}, b"\0" * 8)),
+        bytes(frame({"cols": [{"dtype": "<f8", "shape": [-1]}], "layout": "t", "names": None}, b"\0" * 8)),
+        bytes(frame({"cols": [{"dtype": "|O", "shape": [1]}], "layout": "t", "names": None}, b"\0" * 8)),
+        bytes(frame({"cols": [{"pickle": 10}], "layout": "t", "names": None}, b"not pickle")),
+        bytes(frame({"cols": [{"pickle": 10}], "layout": "t", "names": None}, pickle.dumps([1, 2, 3])[:5])),
+        bytes(frame({"cols": ["x"], "layout": "t", "names": None})),
+        bytes(frame([1, 2])),  # type: ignore[arg-type]
+    ],
+    ids=repr,
+)
 def test_decode_of_garbage_is_a_protocol_error(payload):
     with pytest.raises(ProtocolError):
         decode_batch(memoryview(payload))
@@ -312,8 +336,9 @@ def test_object_dtype_header_is_refused_not_unpickled(tmp_path):
 
 
 def test_arrow_numeric_columns():
-    rb = pa.record_batch({"i": pa.array([1, 2, 3], pa.int32()), "f": pa.array([0.5, 1.5, 2.5]),
-                          "b": pa.array([True, False, True])})
+    rb = pa.record_batch(
+        {"i": pa.array([1, 2, 3], pa.int32()), "f": pa.array([0.5, 1.5, 2.5]), "b": pa.array([True, False, True])}
+    )
     batch = arrow_to_columns(rb, partition=0)
     assert batch.layout == "tuple" and batch.names == ["i", "f", "b"]
     i, f, b = batch.columns
@@ -321,8 +346,7 @@ def test_arrow_numeric_columns():
     assert f.dtype == np.float64 and b.dtype == np.bool_ and b.tolist() == [True, False, True]
 
 
-@pytest.mark.parametrize("typ", [pa.list_(pa.float32()), pa.large_list(pa.float32()),
-                                 pa.list_(pa.float32(), 3)])
+@pytest.mark.parametrize("typ", [pa.list_(pa.float32()), pa.large_list(pa.float32()), pa.list_(pa.float32(), 3)])
 def test_arrow_fixed_width_lists_become_2d(typ):
     values = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
     batch = arrow_to_columns(pa.record_batch({"v": pa.array(values, typ)}), partition=0)
@@ -337,8 +361,9 @@ def test_arrow_nested_lists_become_3d():
 
 
 def test_arrow_sliced_batches_keep_their_rows():
-    rb = pa.record_batch({"v": pa.array([[i, i + 1] for i in range(10)], pa.list_(pa.int64())),
-                          "i": pa.array(range(10))}).slice(3, 4)
+    rb = pa.record_batch(
+        {"v": pa.array([[i, i + 1] for i in range(10)], pa.list_(pa.int64())), "i": pa.array(range(10))}
+    ).slice(3, 4)
     v, i = arrow_to_columns(rb, 0).columns
     assert i.tolist() == [3, 4, 5, 6] and v.tolist() == [[3, 4], [4, 5], [5, 6], [6, 7]]
 
@@ -348,11 +373,14 @@ def test_arrow_empty_lists():
     assert col.shape == (2, 0)
 
 
-@pytest.mark.parametrize(("values", "row"), [
-    ([[1.0, 2.0], [1.0, 2.0], [3.0]], 2),
-    ([[1.0], [1.0, 2.0]], 1),
-    ([[[1.0], [2.0]], [[3.0], [4.0, 5.0]]], 1),          # ragged one level down
-])
+@pytest.mark.parametrize(
+    ("values", "row"),
+    [
+        ([[1.0, 2.0], [1.0, 2.0], [3.0]], 2),
+        ([[1.0], [1.0, 2.0]], 1),
+        ([[[1.0], [2.0]], [[3.0], [4.0, 5.0]]], 1),  # ragged one level down
+    ],
+)
 def test_arrow_ragged_lists_name_the_row(values, row):
     rb = pa.record_batch({"v": pa.array(values)})
     with pytest.raises(InputError, match="ragged") as info:
@@ -360,13 +388,16 @@ def test_arrow_ragged_lists_name_the_row(values, row):
     assert (info.value.column, info.value.partition, info.value.row) == ("v", 3, 100 + row)
 
 
-@pytest.mark.parametrize(("arr", "row"), [
-    (pa.array([1.0, None, 3.0]), 1),
-    (pa.array([[1.0], None, [3.0]]), 1),
-    (pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, None]]), 2),   # a null inside an array
-    (pa.array([[[1.0], [2.0]], [[3.0], [4.0]], [[5.0], [None]]]), 2),
-    (pa.array([[[1.0], [2.0]], [[3.0], None]]), 1),
-])
+@pytest.mark.parametrize(
+    ("arr", "row"),
+    [
+        (pa.array([1.0, None, 3.0]), 1),
+        (pa.array([[1.0], None, [3.0]]), 1),
+        (pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, None]]), 2),  # a null inside an array
+        (pa.array([[[1.0], [2.0]], [[3.0], [4.0]], [[5.0], [None]]]), 2),
+        (pa.array([[[1.0], [2.0]], [[3.0], None]]), 1),
+    ],
+)
 def test_arrow_nulls_name_the_row(arr, row):
     with pytest.raises(InputError, match="null") as info:
         arrow_to_columns(pa.record_batch({"x": pa.array([0] * len(arr)), "v": arr}), partition=1, first_row=50)
@@ -374,16 +405,22 @@ def test_arrow_nulls_name_the_row(arr, row):
 
 
 def test_arrow_strings_and_binary_become_lists():
-    rb = pa.record_batch({"s": pa.array(["a", "bé"]), "ls": pa.array(["x", "y"], pa.large_string()),
-                          "b": pa.array([b"\x00", b"\x01"])})
+    rb = pa.record_batch(
+        {"s": pa.array(["a", "bé"]), "ls": pa.array(["x", "y"], pa.large_string()), "b": pa.array([b"\x00", b"\x01"])}
+    )
     assert arrow_to_columns(rb, 0).columns == [["a", "bé"], ["x", "y"], [b"\x00", b"\x01"]]
 
 
 def test_arrow_spark_ml_vectors_get_a_helpful_error():
     vec = pa.StructArray.from_arrays(
-        [pa.array([1, 1], pa.int8()), pa.array([None, None], pa.int32()),
-         pa.array([None, None], pa.list_(pa.int32())), pa.array([[1.0], [2.0]])],
-        names=["type", "size", "indices", "values"])
+        [
+            pa.array([1, 1], pa.int8()),
+            pa.array([None, None], pa.int32()),
+            pa.array([None, None], pa.list_(pa.int32())),
+            pa.array([[1.0], [2.0]]),
+        ],
+        names=["type", "size", "indices", "values"],
+    )
     with pytest.raises(InputError, match="vector_to_array"):
         arrow_to_columns(pa.record_batch({"features": vec}), 0)
 
@@ -401,11 +438,20 @@ def _schema(*fields) -> str:
 
 def test_columns_to_arrow_round_trip():
     types = pytest.importorskip("pyspark.sql.types")
-    schema = _schema(("id", types.LongType()), ("v", types.ArrayType(types.FloatType())),
-                     ("s", types.StringType()), ("ok", types.BooleanType()))
-    rb = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64()),
-                          "v": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32())),
-                          "s": pa.array(["a", "b", "c"]), "ok": pa.array([True, False, True])})
+    schema = _schema(
+        ("id", types.LongType()),
+        ("v", types.ArrayType(types.FloatType())),
+        ("s", types.StringType()),
+        ("ok", types.BooleanType()),
+    )
+    rb = pa.record_batch(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "v": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32())),
+            "s": pa.array(["a", "b", "c"]),
+            "ok": pa.array([True, False, True]),
+        }
+    )
     out = columns_to_arrow(arrow_to_columns(rb, 0), schema)
     assert out.schema.names == ["id", "v", "s", "ok"]
     assert out.to_pydict() == rb.to_pydict()
@@ -418,8 +464,9 @@ def test_columns_to_arrow_from_scalar_results():
     out = columns_to_arrow(ColumnBatch([np.array([0.5, 1.5])], "scalar"), _schema(("p", types.DoubleType())))
     assert out.to_pydict() == {"p": [0.5, 1.5]}
     # tuple results in one scalar column are split over the schema's fields
-    out = columns_to_arrow(ColumnBatch([[(1, "a"), (2, "b")]], "scalar"),
-                           _schema(("n", types.LongType()), ("s", types.StringType())))
+    out = columns_to_arrow(
+        ColumnBatch([[(1, "a"), (2, "b")]], "scalar"), _schema(("n", types.LongType()), ("s", types.StringType()))
+    )
     assert out.to_pydict() == {"n": [1, 2], "s": ["a", "b"]}
 
 

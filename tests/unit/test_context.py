@@ -37,21 +37,33 @@ def ctx_for(default_fs: str, working_dir: str = "/home/me/job") -> SimpleNamespa
 # ---- hdfs_path ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["hdfs://nn:8020/data/x", "viewfs://cluster/data", "file:///tmp/x",
-                                  "s3a://bucket/key", "gs://b/k", "abfss://c@a.dfs.core.windows.net/p"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "hdfs://nn:8020/data/x",
+        "viewfs://cluster/data",
+        "file:///tmp/x",
+        "s3a://bucket/key",
+        "gs://b/k",
+        "abfss://c@a.dfs.core.windows.net/p",
+    ],
+)
 @pytest.mark.parametrize("default_fs", ["file://", "hdfs://nn:8020", "viewfs://cluster/"])
 def test_paths_with_a_scheme_are_kept(path, default_fs):
     assert hdfs_path(ctx_for(default_fs), path) == path
 
 
-@pytest.mark.parametrize(("default_fs", "expected"), [
-    ("hdfs://nn:8020", "hdfs://nn:8020/data/mnist"),
-    ("hdfs://nn:8020/", "hdfs://nn:8020/data/mnist"),
-    ("viewfs://cluster", "viewfs://cluster/data/mnist"),
-    ("viewfs://cluster/", "viewfs://cluster/data/mnist"),
-    ("file://", "file:///data/mnist"),
-    ("file:///", "file:///data/mnist"),   # Hadoop's own default value of fs.defaultFS
-])
+@pytest.mark.parametrize(
+    ("default_fs", "expected"),
+    [
+        ("hdfs://nn:8020", "hdfs://nn:8020/data/mnist"),
+        ("hdfs://nn:8020/", "hdfs://nn:8020/data/mnist"),
+        ("viewfs://cluster", "viewfs://cluster/data/mnist"),
+        ("viewfs://cluster/", "viewfs://cluster/data/mnist"),
+        ("file://", "file:///data/mnist"),
+        ("file:///", "file:///data/mnist"),  # Hadoop's own default value of fs.defaultFS
+    ],
+)
 def test_absolute_paths_get_the_default_fs(default_fs, expected):
     assert hdfs_path(ctx_for(default_fs), "/data/mnist") == expected
 
@@ -62,12 +74,15 @@ def test_relative_paths_go_under_the_working_dir_for_file(default_fs, working_di
     assert hdfs_path(ctx_for(default_fs, working_dir), "out/model") == "file:///home/me/job/out/model"
 
 
-@pytest.mark.parametrize(("default_fs", "base"), [
-    ("hdfs://nn:8020", "hdfs://nn:8020"),
-    ("hdfs://nn:8020/", "hdfs://nn:8020"),
-    ("viewfs://cluster", "viewfs://cluster"),
-    ("viewfs://cluster/", "viewfs://cluster"),
-])
+@pytest.mark.parametrize(
+    ("default_fs", "base"),
+    [
+        ("hdfs://nn:8020", "hdfs://nn:8020"),
+        ("hdfs://nn:8020/", "hdfs://nn:8020"),
+        ("viewfs://cluster", "viewfs://cluster"),
+        ("viewfs://cluster/", "viewfs://cluster"),
+    ],
+)
 def test_relative_paths_go_under_the_user_home_for_hdfs_and_viewfs(default_fs, base):
     assert hdfs_path(ctx_for(default_fs), "mnist/csv") == f"{base}/user/{USER}/mnist/csv"
 
@@ -82,10 +97,15 @@ SPEC = {"ps": ["h:0"], "chief": ["h:1"], "evaluator": ["h:2"], "worker": ["h:3",
 
 
 def make_ctx(job_name: str = "worker", task_index: int = 0, cluster_spec=None, **kwargs) -> NodeContext:
-    return NodeContext(executor_id=kwargs.pop("executor_id", 4), job_name=job_name, task_index=task_index,
-                       cluster_spec=SPEC if cluster_spec is None else cluster_spec,
-                       default_fs=kwargs.pop("default_fs", "hdfs://nn:8020"),
-                       working_dir=kwargs.pop("working_dir", "/home/me"), **kwargs)
+    return NodeContext(
+        executor_id=kwargs.pop("executor_id", 4),
+        job_name=job_name,
+        task_index=task_index,
+        cluster_spec=SPEC if cluster_spec is None else cluster_spec,
+        default_fs=kwargs.pop("default_fs", "hdfs://nn:8020"),
+        working_dir=kwargs.pop("working_dir", "/home/me"),
+        **kwargs,
+    )
 
 
 def test_fields():
@@ -97,27 +117,33 @@ def test_fields():
     assert "worker" in repr(ctx) and "num_workers=4" in repr(ctx)
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    (SPEC, 4),                                         # chief + 3 workers; ps and evaluator do not count
-    ({"worker": ["a", "b"]}, 2),
-    ({"master": ["a"], "worker": ["b"]}, 2),
-    ({"ps": ["a", "b"], "worker": ["c"]}, 1),
-    ({"ps": ["a"], "evaluator": ["b"]}, 0),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (SPEC, 4),  # chief + 3 workers; ps and evaluator do not count
+        ({"worker": ["a", "b"]}, 2),
+        ({"master": ["a"], "worker": ["b"]}, 2),
+        ({"ps": ["a", "b"], "worker": ["c"]}, 1),
+        ({"ps": ["a"], "evaluator": ["b"]}, 0),
+    ],
+)
 def test_num_workers_counts_chief_master_and_workers(spec, expected):
     assert make_ctx(cluster_spec=spec).num_workers == expected
 
 
-@pytest.mark.parametrize(("job", "index", "spec", "chief"), [
-    ("chief", 0, SPEC, True),
-    ("master", 0, {"master": ["a"], "worker": ["b"]}, True),
-    ("worker", 0, SPEC, False),                        # a chief exists, so worker 0 is not it
-    ("worker", 0, {"master": ["a"], "worker": ["b"]}, False),
-    ("worker", 0, {"worker": ["a", "b"]}, True),       # no chief: worker 0 leads
-    ("worker", 1, {"worker": ["a", "b"]}, False),
-    ("ps", 0, {"ps": ["a"], "worker": ["b"]}, False),
-    ("evaluator", 0, {"evaluator": ["a"], "worker": ["b"]}, False),
-])
+@pytest.mark.parametrize(
+    ("job", "index", "spec", "chief"),
+    [
+        ("chief", 0, SPEC, True),
+        ("master", 0, {"master": ["a"], "worker": ["b"]}, True),
+        ("worker", 0, SPEC, False),  # a chief exists, so worker 0 is not it
+        ("worker", 0, {"master": ["a"], "worker": ["b"]}, False),
+        ("worker", 0, {"worker": ["a", "b"]}, True),  # no chief: worker 0 leads
+        ("worker", 1, {"worker": ["a", "b"]}, False),
+        ("ps", 0, {"ps": ["a"], "worker": ["b"]}, False),
+        ("evaluator", 0, {"evaluator": ["a"], "worker": ["b"]}, False),
+    ],
+)
 def test_is_chief(job, index, spec, chief):
     assert make_ctx(job, index, spec).is_chief is chief
 
@@ -165,8 +191,7 @@ EXAMPLES = [
 
 
 def test_examples_cover_the_whole_error_tree():
-    classes = {obj for _, obj in inspect.getmembers(errors_module, inspect.isclass)
-               if issubclass(obj, TFoSError)}
+    classes = {obj for _, obj in inspect.getmembers(errors_module, inspect.isclass) if issubclass(obj, TFoSError)}
     assert {type(e) for e in EXAMPLES} == classes
     assert set(errors_module.__all__) == {c.__name__ for c in classes}
 
@@ -193,16 +218,19 @@ def test_error_attributes_and_messages():
     assert str(dfe) == "corrupt record: /data/x.tfrecord at byte 1024" and dfe.offset == 1024
 
 
-@pytest.mark.parametrize(("cls", "bases"), [
-    (ConfigError, (ValueError,)),
-    (InputError, (ValueError,)),
-    (DataFormatError, (ValueError,)),
-    (ReservationTimeout, (ClusterError, TimeoutError)),
-    (ShutdownTimeout, (ClusterError, TimeoutError)),
-    (NodeFailed, (ClusterError,)),
-    (FeedTimeout, (FeedError, TimeoutError)),
-    (AuthenticationError, (ProtocolError,)),
-])
+@pytest.mark.parametrize(
+    ("cls", "bases"),
+    [
+        (ConfigError, (ValueError,)),
+        (InputError, (ValueError,)),
+        (DataFormatError, (ValueError,)),
+        (ReservationTimeout, (ClusterError, TimeoutError)),
+        (ShutdownTimeout, (ClusterError, TimeoutError)),
+        (NodeFailed, (ClusterError,)),
+        (FeedTimeout, (FeedError, TimeoutError)),
+        (AuthenticationError, (ProtocolError,)),
+    ],
+)
 def test_error_tree(cls, bases):
     assert issubclass(cls, TFoSError)
     for base in bases:

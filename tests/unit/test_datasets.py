@@ -70,9 +70,7 @@ def write_mnist_dir(
     return directory
 
 
-def check_error(
-    excinfo: pytest.ExceptionInfo[DataFormatError], path: Path, offset: int | None
-) -> None:
+def check_error(excinfo: pytest.ExceptionInfo[DataFormatError], path: Path, offset: int | None) -> None:
     """The error names the file (attribute and message) and the expected offset."""
     err = excinfo.value
     assert err.path == str(path)
@@ -228,9 +226,7 @@ def test_truncated_payload(tmp_path: Path, suffix: str) -> None:
     data = idx_bytes(np.zeros((5, 28, 28), np.uint8))[:-100]
     path = tmp_path / f"images{suffix}"
     path.write_bytes(gzip.compress(data) if suffix else data)
-    with pytest.raises(
-        DataFormatError, match=r"truncated payload.*need 3920 bytes.*found 3820"
-    ) as excinfo:
+    with pytest.raises(DataFormatError, match=r"truncated payload.*need 3920 bytes.*found 3820") as excinfo:
         read_idx(path)
     check_error(excinfo, path, len(data))
 
@@ -461,9 +457,7 @@ def test_find_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert find_data_dir(explicit) == explicit
 
 
-def test_find_data_dir_errors_name_the_setting(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_find_data_dir_errors_name_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"--data=.*absent"):
         find_data_dir(tmp_path / "absent")
     with pytest.raises(ConfigError, match="empty"):
@@ -502,18 +496,12 @@ def test_exported_members() -> None:
     exported = set(datasets.__all__)
     assert exported <= public
     assert datasets.__all__ == sorted(datasets.__all__)
-    missing = {
-        n
-        for n in public - exported
-        if getattr(getattr(datasets, n), "__module__", None) == datasets.__name__
-    }
+    missing = {n for n in public - exported if getattr(getattr(datasets, n), "__module__", None) == datasets.__name__}
     assert not missing
 
 
 def test_import_is_light() -> None:
     code = "import sys, tfonspark.datasets; print('sklearn' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(Path(datasets.__file__).parents[1])}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"

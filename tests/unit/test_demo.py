@@ -40,8 +40,17 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
 
 def progress(**overrides):
     """A stand-in for tfonspark.keras.Progress (same attributes)."""
-    fields = dict(epoch=1, step=40, steps=100, logs={"loss": 0.25, "accuracy": 0.9}, rows=2560,
-                  seconds=2.0, epoch_end=False, global_rows=None, worker=0)
+    fields = dict(
+        epoch=1,
+        step=40,
+        steps=100,
+        logs={"loss": 0.25, "accuracy": 0.9},
+        rows=2560,
+        seconds=2.0,
+        epoch_end=False,
+        global_rows=None,
+        worker=0,
+    )
     fields.update(overrides)
     value = SimpleNamespace(**fields)
     value.rows_per_sec = fields["rows"] / fields["seconds"]
@@ -57,9 +66,17 @@ def test_messages_cross_the_channel_in_order_with_the_worker_added():
         sender.close()
         assert wait_for(lambda: len(received) == 2)
     first, second = received
-    assert first == {"worker": 1, "kind": "progress", "epoch": 1, "step": 40, "steps": 100,
-                     "epoch_end": False, "rows_per_sec": 1280.0, "global_rows": None,
-                     "logs": {"loss": 0.25, "accuracy": 0.9}}
+    assert first == {
+        "worker": 1,
+        "kind": "progress",
+        "epoch": 1,
+        "step": 40,
+        "steps": 100,
+        "epoch_end": False,
+        "rows_per_sec": 1280.0,
+        "global_rows": None,
+        "logs": {"loss": 0.25, "accuracy": 0.9},
+    }
     assert second["kind"] == "result" and second["predictions"][-1] == 9999
 
 
@@ -82,10 +99,12 @@ def test_a_sender_never_raises_when_the_driver_is_gone():
 def test_format_progress_step_and_epoch_lines():
     step = progress_message(progress())
     assert format_progress(step, 3, {0: 1280.0, 1: 1300.0}) == (
-        "epoch 2/3  step 40/100  loss 0.2500  accuracy 0.9000  2580 rows/s (2 nodes)")
+        "epoch 2/3  step 40/100  loss 0.2500  accuracy 0.9000  2580 rows/s (2 nodes)"
+    )
     assert format_progress(step, 3, {0: 1280.0}).endswith("1280 rows/s (1 node)")
-    end = progress_message(progress(step=100, epoch_end=True, global_rows=12800,
-                                    logs={"loss": 0.2, "val_accuracy": 0.95}))
+    end = progress_message(
+        progress(step=100, epoch_end=True, global_rows=12800, logs={"loss": 0.2, "val_accuracy": 0.95})
+    )
     line = format_progress(end, 3, {})
     assert line.startswith("epoch 2/3  step 100/100  done: loss 0.2000  val_accuracy 0.9500")
     assert "rows/s (all nodes" in line
@@ -98,10 +117,12 @@ def test_console_prints_the_chief_sums_rates_and_keeps_the_result(capsys):
     console = demo._Console(epochs=2)
     console({"kind": "progress", "worker": 1, **progress_message(progress(rows=3000))})
     console({"kind": "progress", "worker": 0, **progress_message(progress())})
-    console({"kind": "progress", "worker": 0,
-             **progress_message(progress(step=100, epoch_end=True, global_rows=12800))})
-    console({"kind": "progress", "worker": 1,
-             **progress_message(progress(step=100, epoch_end=True, global_rows=12800))})
+    console(
+        {"kind": "progress", "worker": 0, **progress_message(progress(step=100, epoch_end=True, global_rows=12800))}
+    )
+    console(
+        {"kind": "progress", "worker": 1, **progress_message(progress(step=100, epoch_end=True, global_rows=12800))}
+    )
     console({"kind": "result", "worker": 0, "history": {}})
     console({"kind": "something else"})
     lines = capsys.readouterr().out.splitlines()
@@ -214,17 +235,21 @@ def test_main_reports_a_missing_data_directory(tmp_path, capsys):
 
 def test_recipe_defaults_depend_on_the_data_size():
     server = SimpleNamespace(address=("127.0.0.1", 1), secret_hex="ab" * 32)
-    dataset = SimpleNamespace(image_shape=(28, 28), num_classes=10,
-                              test_images=np.zeros((1, 28, 28), np.uint8),
-                              test_labels=np.zeros(1, np.uint8))
+    dataset = SimpleNamespace(
+        image_shape=(28, 28),
+        num_classes=10,
+        test_images=np.zeros((1, 28, 28), np.uint8),
+        test_labels=np.zeros(1, np.uint8),
+    )
     args = demo._parse_args([])
     small = demo._node_args(args, dataset, 1438, server, threads=1)
     assert (small.epochs, small.global_batch, small.steps_per_epoch) == (10, 64, 22)
     large = demo._node_args(args, dataset, 60_000, server, threads=1)
     assert (large.epochs, large.global_batch, large.steps_per_epoch) == (3, 128, 468)
     assert large.log_every_steps == 117
-    explicit = demo._node_args(demo._parse_args(["--epochs", "2", "--batch-size", "100"]),
-                               dataset, 60_000, server, threads=1)
+    explicit = demo._node_args(
+        demo._parse_args(["--epochs", "2", "--batch-size", "100"]), dataset, 60_000, server, threads=1
+    )
     assert (explicit.epochs, explicit.global_batch, explicit.steps_per_epoch) == (2, 100, 600)
 
 

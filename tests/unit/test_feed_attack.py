@@ -58,8 +58,9 @@ def _feed(port: int, partition: int) -> float:
 
 
 def test_feeds_get_through_a_descriptor_flood_during_and_after():
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, SECRET_HEX], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, SECRET_HEX], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         port = json.loads(proc.stdout.readline())["port"]
@@ -71,8 +72,10 @@ def test_feeds_get_through_a_descriptor_flood_during_and_after():
         report = json.loads(proc.communicate(timeout=30)[0].strip().splitlines()[-1])
     finally:
         proc.kill()
-    print(f"\n[measured] feed through a flood: {during:.3f}s during, {after:.3f}s after; "
-          f"attacker {attacker.stats}; server {report}")
+    print(
+        f"\n[measured] feed through a flood: {during:.3f}s during, {after:.3f}s after; "
+        f"attacker {attacker.stats}; server {report}"
+    )
     assert during < 2 and after < 2
     assert attacker.stats["closed_by_server"] > 0  # the flood really hit the descriptor limit
     assert report["rows"] == 10000

@@ -39,14 +39,13 @@ def feeder(server: FeedServer, feed_id: str, feed_timeout: float = 20.0) -> Feed
     return Feeder([target], SECRET.hex(), "input", feed_timeout, feed_id=feed_id)
 
 
-def partial_attempt(server: FeedServer, feed_id: str, partition: int, rows: list, batches: int,
-                    timeout: float = 20.0):
+def partial_attempt(server: FeedServer, feed_id: str, partition: int, rows: list, batches: int, timeout: float = 20.0):
     """A feed task that sends ``batches`` batches of ``rows`` and then dies (connection closed)."""
     conn = connect(("127.0.0.1", server.port), SECRET)
     m.send_message(conn, m.FeedStart("input", True, partition, [], feed_id, 0, timeout))
     step = len(rows) // (batches + 1)
     for i in range(batches):
-        conn.send(*encode_batch(pack_rows(rows[i * step:(i + 1) * step], partition, i * step)))
+        conn.send(*encode_batch(pack_rows(rows[i * step : (i + 1) * step], partition, i * step)))
     return conn
 
 

@@ -70,11 +70,17 @@ def make_server():
         server.close()
 
 
-def feeder_for(server: FeedServer, feed_timeout: float = 20.0, qname: str = "input",
-               secret: bytes = SECRET, transport: str = "unix") -> Feeder:
+def feeder_for(
+    server: FeedServer,
+    feed_timeout: float = 20.0,
+    qname: str = "input",
+    secret: bytes = SECRET,
+    transport: str = "unix",
+) -> Feeder:
     """A feeder on this executor: over the Unix socket (as in production) or forced onto TCP."""
-    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port,
-                        server.unix_path if transport == "unix" else "")
+    target = FeedTarget(
+        "worker:0", executor_key(), "127.0.0.1", server.port, server.unix_path if transport == "unix" else ""
+    )
     return Feeder([target], secret.hex(), qname, feed_timeout)
 
 
@@ -82,12 +88,16 @@ def feeder_for(server: FeedServer, feed_timeout: float = 20.0, qname: str = "inp
 def transport(request, monkeypatch):
     """Run a test over each transport, proving the other one is not used."""
     if request.param == "unix":
+
         def no_tcp(*args, **kwargs):
             raise AssertionError("a same-executor feed went over TCP")
+
         monkeypatch.setattr(feeder_module, "connect", no_tcp)
     else:
+
         def no_unix(*args, **kwargs):
             raise AssertionError("a TCP feed went over the Unix socket")
+
         monkeypatch.setattr(feeder_module, "connect_unix", no_unix)
     return request.param
 
@@ -159,8 +169,7 @@ def big_rows(total_bytes: int, width: int) -> list[np.ndarray]:
 def test_every_row_arrives_exactly_once_across_partitions(make_server, transport):
     server = make_server()
     sizes = {0: 1000, 1: 0, 2: 1, 3: 3000, 4: 257}
-    partitions = {p: [(p * 100_000 + i, np.full(8, i, np.float32) + p) for i in range(n)]
-                  for p, n in sizes.items()}
+    partitions = {p: [(p * 100_000 + i, np.full(8, i, np.float32) + p) for i in range(n)] for p, n in sizes.items()}
     feeding = Bg(feed_all_then_close, server, feeder_for(server, transport=transport), partitions)
     feed = DataFeed(server, train_mode=True)
     assert not feed.should_stop()
@@ -183,8 +192,9 @@ def test_batches_the_consumer_keeps_stay_intact_while_frames_are_reused(make_ser
     """Large frames land in reused buffers: batches still held keep their rows, dropped ones
     give their memory back, and the pool stays within the queue's bytes + 8 MB."""
     server = make_server(buffer_bytes=8 * MB)
-    partitions = {p: [(p * 100_000 + i, np.full(1024, p * 100_000 + i, np.float32)) for i in range(3000)]
-                  for p in range(4)}  # 12 MB per partition: frames of ~4 MB
+    partitions = {
+        p: [(p * 100_000 + i, np.full(1024, p * 100_000 + i, np.float32)) for i in range(3000)] for p in range(4)
+    }  # 12 MB per partition: frames of ~4 MB
     feeding = Bg(feed_all_then_close, server, feeder_for(server, transport=transport), partitions)
     feed = DataFeed(server, train_mode=True)
     kept, seen = [], 0
@@ -254,8 +264,15 @@ def test_input_mapping_naming_a_missing_column(make_server):
 
 def test_node_context_gives_a_data_feed_on_the_server(make_server):
     server = make_server()
-    ctx = NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={"worker": ["a"]},
-                      default_fs="file://", working_dir="/tmp", mgr=server)
+    ctx = NodeContext(
+        executor_id=0,
+        job_name="worker",
+        task_index=0,
+        cluster_spec={"worker": ["a"]},
+        default_fs="file://",
+        working_dir="/tmp",
+        mgr=server,
+    )
     feed = ctx.get_data_feed(train_mode=False, qname_in="other")
     assert isinstance(feed, DataFeed) and feed.queue is server.queue("other") and not feed.train_mode
 
@@ -419,8 +436,12 @@ def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
 
     sampler = Bg(sample)
     # one feed task at a time, as an executor with one core runs them: 100 partitions of 0.5 MB
-    feeding = Bg(feed_in_turn_then_close, server, feeder_for(server),
-                 [rows[i:i + len(rows) // 100] for i in range(0, len(rows), len(rows) // 100)])
+    feeding = Bg(
+        feed_in_turn_then_close,
+        server,
+        feeder_for(server),
+        [rows[i : i + len(rows) // 100] for i in range(0, len(rows), len(rows) // 100)],
+    )
     feed = DataFeed(server)
     count, total = 0, 0.0
     try:
@@ -436,8 +457,10 @@ def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
     sampler.get()
     feeding.get()
     peak = max(samples)
-    print(f"\nfed {len(rows) * 1024 // MB} MB through a {buffer_bytes // MB} MB buffer; "
-          f"peak queued {peak / MB:.2f} MB over {len(samples)} samples")
+    print(
+        f"\nfed {len(rows) * 1024 // MB} MB through a {buffer_bytes // MB} MB buffer; "
+        f"peak queued {peak / MB:.2f} MB over {len(samples)} samples"
+    )
     assert count == len(rows) and total == pytest.approx(len(rows) * (len(rows) - 1) / 2)
     assert peak <= buffer_bytes  # queued + staged stay bounded, while 50 MB went through
     assert peak >= buffer_bytes // 2  # and the buffer really filled up (the producer was held back)
@@ -573,13 +596,17 @@ def test_feeder_needs_a_target():
 
 
 def test_choose_target_prefers_the_local_executor():
-    targets = [FeedTarget(f"worker:{i}", key, "h", 1000 + i)
-               for i, key in enumerate(["k0", "k1", "k0", "k2"])]
+    targets = [FeedTarget(f"worker:{i}", key, "h", 1000 + i) for i, key in enumerate(["k0", "k1", "k0", "k2"])]
     assert {choose_target(targets, "k1", p).name for p in range(10)} == {"worker:1"}
     assert [choose_target(targets, "k0", p).name for p in range(4)] == ["worker:0", "worker:2"] * 2
     # no node on this executor: partitions spread over all of them
-    assert [choose_target(targets, "elsewhere", p).name for p in range(5)] == \
-        ["worker:0", "worker:1", "worker:2", "worker:3", "worker:0"]
+    assert [choose_target(targets, "elsewhere", p).name for p in range(5)] == [
+        "worker:0",
+        "worker:1",
+        "worker:2",
+        "worker:3",
+        "worker:0",
+    ]
 
 
 def test_executor_key_outside_spark(monkeypatch):
@@ -621,8 +648,7 @@ def test_as_dataset_of_named_columns_and_strings(tf, make_server):
     rows = [{"text": f"row {i}", "label": float(i)} for i in range(10)]
     Bg(feed_all_then_close, server, feeder_for(server), {0: rows}).get()
     ds = DataFeed(server).as_dataset(4)
-    assert ds.element_spec == {"text": tf.TensorSpec((None,), tf.string),
-                               "label": tf.TensorSpec((None,), tf.float64)}
+    assert ds.element_spec == {"text": tf.TensorSpec((None,), tf.string), "label": tf.TensorSpec((None,), tf.float64)}
     got = [(b["text"].numpy().tolist(), b["label"].numpy().tolist()) for b in ds]
     assert [len(t) for t, _ in got] == [4, 4, 2]
     assert got[0] == ([b"row 0", b"row 1", b"row 2", b"row 3"], [0.0, 1.0, 2.0, 3.0])

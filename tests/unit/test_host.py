@@ -11,8 +11,14 @@ from tfonspark.executor import host
 from tfonspark.tfprocess import tensorboard
 
 
-def _bind(address: tuple, *, family: int = socket.AF_INET, reuseaddr: bool = False,
-          reuseport: bool = False, listen: bool = False) -> socket.socket:
+def _bind(
+    address: tuple,
+    *,
+    family: int = socket.AF_INET,
+    reuseaddr: bool = False,
+    reuseport: bool = False,
+    listen: bool = False,
+) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if reuseaddr:
@@ -36,10 +42,9 @@ def _local_addresses() -> list[str]:
     return addresses
 
 
-
-
-@pytest.mark.parametrize("options", [{}, {"reuseaddr": True}, {"reuseport": True, "reuseaddr": True},
-                                     {"reuseport": True}])
+@pytest.mark.parametrize(
+    "options", [{}, {"reuseaddr": True}, {"reuseport": True, "reuseaddr": True}, {"reuseport": True}]
+)
 def test_reserved_port_cannot_be_bound_by_anyone_else(options):
     if options.get("reuseport") and not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("no SO_REUSEPORT")

@@ -139,12 +139,8 @@ def test_fit_learns_linear_function_and_reports_global_epoch_logs(strategy):
     assert history.history["loss"][-1] < history.history["loss"][0] / 100
     # val_* after the last epoch is the final model's error on the validation set
     predicted = xv @ kernel + bias
-    assert history.history["val_loss"][-1] == pytest.approx(
-        np.mean((predicted - yv) ** 2), rel=1e-4
-    )
-    assert history.history["val_mae"][-1] == pytest.approx(
-        np.mean(np.abs(predicted - yv)), rel=1e-4
-    )
+    assert history.history["val_loss"][-1] == pytest.approx(np.mean((predicted - yv) ** 2), rel=1e-4)
+    assert history.history["val_mae"][-1] == pytest.approx(np.mean(np.abs(predicted - yv)), rel=1e-4)
     ends = [r for r in reports if r.epoch_end]
     steps = [r for r in reports if not r.epoch_end]
     assert [r.epoch for r in ends] == list(range(epochs))
@@ -161,9 +157,7 @@ def test_fit_classification_with_sparse_crossentropy_and_accuracy(strategy):
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(300, seed=0).batch(30)
     keras.utils.set_random_seed(3)
     with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)]
-        )
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
         model.compile(
             optimizer=keras.optimizers.Adam(0.05),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -174,9 +168,7 @@ def test_fit_classification_with_sparse_crossentropy_and_accuracy(strategy):
     assert accuracy[-1] > 0.9 > accuracy[0]
     assert history.history["val_sparse_categorical_accuracy"][-1] > 0.9
     predicted = np.argmax(model.predict(x, verbose=0), axis=1)
-    assert history.history["val_sparse_categorical_accuracy"][-1] == pytest.approx(
-        np.mean(predicted == y), abs=1e-6
-    )
+    assert history.history["val_sparse_categorical_accuracy"][-1] == pytest.approx(np.mean(predicted == y), abs=1e-6)
 
 
 def test_build_fn_is_called_inside_the_scope(strategy):
@@ -208,9 +200,7 @@ def test_dataset_fn_gets_an_input_context(strategy):
 
 def test_infinite_dataset_needs_steps_per_epoch(strategy):
     model = _linear_model(strategy)
-    infinite = tf.data.Dataset.counter().map(
-        lambda i: (tf.fill([2], tf.cast(i, tf.float32)), [1.0])
-    )
+    infinite = tf.data.Dataset.counter().map(lambda i: (tf.fill([2], tf.cast(i, tf.float32)), [1.0]))
     infinite = infinite.batch(4)
     assert infinite.cardinality() == tf.data.INFINITE_CARDINALITY
     with pytest.raises(ConfigError, match="steps_per_epoch"):
@@ -240,9 +230,7 @@ def test_finite_dataset_with_steps_per_epoch_restarts_when_it_runs_out(strategy,
     model = _linear_model(strategy)
     reports: list[distribute.Progress] = []
     with caplog.at_level(logging.WARNING, logger="tfonspark.distribute.keras_fit"):
-        tfk.fit(
-            model, _linear_ds(), epochs=3, steps_per_epoch=5, on_progress=reports.append, verbose=0
-        )
+        tfk.fit(model, _linear_ds(), epochs=3, steps_per_epoch=5, on_progress=reports.append, verbose=0)
     # 8 batches: epoch 0 takes 5, epoch 1 the last 3 (early end), epoch 2 starts again
     assert [r.step for r in reports if r.epoch_end] == [5, 3, 5]
     assert "ran out of data after 3 of 5 steps" in caplog.text
@@ -263,9 +251,7 @@ def test_stop_training_is_honoured_at_the_epoch_end(strategy):
         def on_epoch_end(self, epoch, logs=None):
             self.model.stop_training = epoch == 1
 
-    history = tfk.fit(
-        _linear_model(strategy), _linear_ds(), epochs=6, callbacks=[StopAfterTwo()], verbose=0
-    )
+    history = tfk.fit(_linear_model(strategy), _linear_ds(), epochs=6, callbacks=[StopAfterTwo()], verbose=0)
     assert history.epoch == [0, 1]
 
 
@@ -339,9 +325,7 @@ def test_resume_continues_after_the_last_completed_epoch(strategy, tmp_path):
     second = _linear_model(strategy, optimizer="adam")  # a fresh, differently trained start
     assert not np.allclose(_weights(second)[0], after_first[0])
     recorder = _Recorder()
-    h2 = tfk.fit(
-        second, _linear_ds(), epochs=2, model_dir=tmp_path, callbacks=[recorder], verbose=0
-    )
+    h2 = tfk.fit(second, _linear_ds(), epochs=2, model_dir=tmp_path, callbacks=[recorder], verbose=0)
     assert h2.epoch == [1] and recorder.epochs == [1]
     assert len(h2.history["loss"]) == 1
     for restored, saved in zip(recorder.start_weights, after_first, strict=True):
@@ -354,9 +338,7 @@ def test_resume_continues_after_the_last_completed_epoch(strategy, tmp_path):
 def test_checkpoint_holds_non_trainable_state_and_a_done_run_trains_nothing(strategy, tmp_path):
     def build():
         keras.utils.set_random_seed(4)
-        model = keras.Sequential(
-            [keras.Input((2,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
-        )
+        model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
         return model
 

@@ -66,10 +66,12 @@ class Served:
 
 
 @contextlib.contextmanager
-def listening(handler: Callable[[f.Connection], bool] | None = None,
-              sock: socket.socket | None = None, **kwargs) -> Iterator[Listener]:
-    lis = Listener(sock if sock is not None else tcp_listening(), SECRET,
-                   handler if handler is not None else Served(), **kwargs)
+def listening(
+    handler: Callable[[f.Connection], bool] | None = None, sock: socket.socket | None = None, **kwargs
+) -> Iterator[Listener]:
+    lis = Listener(
+        sock if sock is not None else tcp_listening(), SECRET, handler if handler is not None else Served(), **kwargs
+    )
     try:
         yield lis
     finally:
@@ -245,8 +247,7 @@ def test_accept_loop_survives_emfile_by_evicting_then_backing_off(caplog):
     assert len(warnings) == 1  # rate-limited: five failures, one line
 
 
-@pytest.mark.parametrize("err", [errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
-                                 errno.EBADF])
+@pytest.mark.parametrize("err", [errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EBADF])
 def test_accept_loop_survives_other_accept_errors(err):
     sock = tcp_listening(FlakySocket)
     sock.error = err  # type: ignore[attr-defined]

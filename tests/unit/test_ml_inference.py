@@ -18,8 +18,11 @@ from tfonspark.ml.savedmodel import Signature, TensorSpec
 SIGNATURE = Signature(
     "serving_default",
     inputs=(TensorSpec("image", "float32", (None, 2, 2, 1)), TensorSpec("word", "string", (None,))),
-    outputs=(TensorSpec("scalar", "float32", ()), TensorSpec("total", "float32", (None,)),
-             TensorSpec("grid", "int64", (None, 3, 2))),
+    outputs=(
+        TensorSpec("scalar", "float32", ()),
+        TensorSpec("total", "float32", (None,)),
+        TensorSpec("grid", "int64", (None, 3, 2)),
+    ),
 )
 
 
@@ -31,15 +34,21 @@ def mixed_dir(tmp_path_factory):
     from tfonspark import TFNode
 
     class Mixed(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 2, 2, 1], tf.float32),
-                                      tf.TensorSpec([None], tf.string),
-                                      tf.TensorSpec([None], tf.int64)])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 2, 2, 1], tf.float32),
+                tf.TensorSpec([None], tf.string),
+                tf.TensorSpec([None], tf.int64),
+            ]
+        )
         def serve(self, image, word, count):
-            return {"total": tf.reduce_sum(image, axis=[1, 2, 3]),
-                    "echo": tf.strings.join([word, "!"]),
-                    "grid": tf.reshape(tf.tile(count[:, None], [1, 6]), [-1, 3, 2]),
-                    "flag": count > 1,
-                    "small": tf.cast(count, tf.uint8)}
+            return {
+                "total": tf.reduce_sum(image, axis=[1, 2, 3]),
+                "echo": tf.strings.join([word, "!"]),
+                "grid": tf.reshape(tf.tile(count[:, None], [1, 6]), [-1, 3, 2]),
+                "flag": count > 1,
+                "small": tf.cast(count, tf.uint8),
+            }
 
         @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
         def pooled(self, x):
@@ -47,8 +56,7 @@ def mixed_dir(tmp_path_factory):
 
     module = Mixed()
     path = tmp_path_factory.mktemp("sm") / "mixed"
-    TFNode.export_saved_model(module, str(path),
-                              signatures={"serving_default": module.serve, "pooled": module.pooled})
+    TFNode.export_saved_model(module, str(path), signatures={"serving_default": module.serve, "pooled": module.pooled})
     return str(path)
 
 
@@ -77,24 +85,34 @@ def _schema(**columns: T.DataType) -> T.StructType:
 
 
 def test_bind_inputs_ignores_non_signature_tensors_and_accepts_port_suffix():
-    bound = inference.bind_inputs(SIGNATURE, {"img": "image:0", "w": "word", "label": "y_"},
-                                  ["img", "w"])
-    assert bound == (InputBinding("img", "image", "float32", (None, 2, 2, 1)),
-                     InputBinding("w", "word", "string", (None,)))
+    bound = inference.bind_inputs(SIGNATURE, {"img": "image:0", "w": "word", "label": "y_"}, ["img", "w"])
+    assert bound == (
+        InputBinding("img", "image", "float32", (None, 2, 2, 1)),
+        InputBinding("w", "word", "string", (None,)),
+    )
 
 
 def test_bind_inputs_errors_name_what_is_missing():
     with pytest.raises(InputError) as info:
         inference.bind_inputs(SIGNATURE, {"img": "image", "w": "word"}, ["image", "w"])
-    assert "names column 'img' (for signature input 'image') but the DataFrame has columns " \
-           "['image', 'w']" in str(info.value) and info.value.column == "img"
-    with pytest.raises(ConfigError, match=r"input\(s\) \['word'\] have no column.*Received: "
-                                          r"input_mapping=\{'img': 'image'\}; signature inputs: "
-                                          r"\['image: float32\[None, 2, 2, 1\]', 'word: string\[None\]'\]"):
+    assert (
+        "names column 'img' (for signature input 'image') but the DataFrame has columns ['image', 'w']"
+        in str(info.value)
+        and info.value.column == "img"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"input\(s\) \['word'\] have no column.*Received: "
+        r"input_mapping=\{'img': 'image'\}; signature inputs: "
+        r"\['image: float32\[None, 2, 2, 1\]', 'word: string\[None\]'\]",
+    ):
         inference.bind_inputs(SIGNATURE, {"img": "image"}, ["img"])
     odd = Signature("s", inputs=(TensorSpec("h", "resource", ()),), outputs=())
-    with pytest.raises(ConfigError, match=r"signature input h: resource\[\] has a dtype no DataFrame "
-                                          r"column can feed; supported: \['bfloat16'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"signature input h: resource\[\] has a dtype no DataFrame "
+        r"column can feed; supported: \['bfloat16'",
+    ):
         inference.bind_inputs(odd, {"c": "h"}, ["c"])
     with pytest.raises(ConfigError, match="signature 's' takes no inputs"):
         inference.bind_inputs(Signature("s", inputs=(), outputs=()), {}, [])
@@ -105,8 +123,11 @@ def test_bind_inputs_errors_name_what_is_missing():
 def test_bind_outputs_errors_name_outputs_and_columns():
     with pytest.raises(ConfigError, match=r"output_mapping is empty.*outputs: \['scalar: float32\[\]'"):
         inference.bind_outputs(SIGNATURE, {}, [])
-    with pytest.raises(ConfigError, match=r"output_mapping names 'dense', which is not an output of "
-                                          r"signature 'serving_default'. Available outputs:"):
+    with pytest.raises(
+        ConfigError,
+        match=r"output_mapping names 'dense', which is not an output of "
+        r"signature 'serving_default'. Available outputs:",
+    ):
         inference.bind_outputs(SIGNATURE, {"dense": "out"}, [])
     with pytest.raises(ConfigError, match=r"output column 'img' \(for output 'total'\) already exists"):
         inference.bind_outputs(SIGNATURE, {"total": "img"}, ["img"])
@@ -115,7 +136,8 @@ def test_bind_outputs_errors_name_outputs_and_columns():
     with pytest.raises(ConfigError, match=r"scalar: float32\[\] has no batch dimension"):
         inference.bind_outputs(SIGNATURE, {"scalar": "s"}, [])
     assert inference.bind_outputs(SIGNATURE, {"total:0": "t"}, ["x"]) == (
-        OutputBinding("total", "t", "float32", (None,)),)
+        OutputBinding("total", "t", "float32", (None,)),
+    )
 
 
 @pytest.mark.parametrize(
@@ -144,14 +166,27 @@ def test_output_types_refuse_what_a_column_cannot_hold():
 
 def test_plan_needs_an_export_dir_and_refuses_vector_columns(mixed_dir):
     with pytest.raises(ConfigError, match="needs export_dir. Received: export_dir=None"):
-        inference.plan_serving(_schema(), export_dir=None, tag_set=None, signature_def_key=None,
-                               input_mapping={}, output_mapping={}, batch_size=1)
+        inference.plan_serving(
+            _schema(),
+            export_dir=None,
+            tag_set=None,
+            signature_def_key=None,
+            input_mapping={},
+            output_mapping={},
+            batch_size=1,
+        )
     from pyspark.ml.linalg import VectorUDT
 
     with pytest.raises(InputError, match="vector_to_array.*column='x'"):
-        inference.plan_serving(_schema(x=VectorUDT()), export_dir=mixed_dir, tag_set=None,
-                               signature_def_key="pooled", input_mapping={"x": "x"},
-                               output_mapping={"mean": "m"}, batch_size=1)
+        inference.plan_serving(
+            _schema(x=VectorUDT()),
+            export_dir=mixed_dir,
+            tag_set=None,
+            signature_def_key="pooled",
+            input_mapping={"x": "x"},
+            output_mapping={"mean": "m"},
+            batch_size=1,
+        )
 
 
 # ---- Arrow -> numpy ---------------------------------------------------------------------------
@@ -176,13 +211,17 @@ def test_column_array_casts_and_reshapes_flat_arrays():
 
 def test_column_array_errors_say_column_partition_and_row():
     column = pa.array([[1.0, 2.0, 3.0]] * 2, pa.list_(pa.float64()))
-    with pytest.raises(InputError, match=r"shape \[3\] per row do not fit signature input 't' of "
-                                         r"shape \[2, 2, 1\] per row \(column='c', partition=4\)"):
+    with pytest.raises(
+        InputError,
+        match=r"shape \[3\] per row do not fit signature input 't' of "
+        r"shape \[2, 2, 1\] per row \(column='c', partition=4\)",
+    ):
         inference.column_array(column, _binding("float32", (None, 2, 2, 1)), 4, 0)
     with pytest.raises(InputError, match=r"null value.*column='c', partition=1, row=12"):
         inference.column_array(pa.array([1.0, None]), _binding("float32", (None,)), 1, 11)
-    with pytest.raises(InputError, match="holds float64 values but signature input 't' takes int32; "
-                                         "cast the column first"):
+    with pytest.raises(
+        InputError, match="holds float64 values but signature input 't' takes int32; cast the column first"
+    ):
         inference.column_array(pa.array([1.5]), _binding("int32", (None,)), 0, 0)
     with pytest.raises(InputError, match="holds text or binary values but signature input 't' takes float32"):
         inference.column_array(pa.array(["x"]), _binding("float32", (None,)), 0, 0)
@@ -198,8 +237,9 @@ def test_outputs_to_arrow_nests_per_dimension():
     array = inference.outputs_to_arrow(grid, OutputBinding("g", "g", "int64", (None, 3, 2)))
     assert array.type == pa.list_(pa.list_(pa.int64()))
     assert array.to_pylist()[1] == [[6, 7], [8, 9], [10, 11]]
-    words = inference.outputs_to_arrow(np.array([b"a\xc3\xa9", b"b"], dtype=object),
-                                       OutputBinding("w", "w", "string", (None,)))
+    words = inference.outputs_to_arrow(
+        np.array([b"a\xc3\xa9", b"b"], dtype=object), OutputBinding("w", "w", "string", (None,))
+    )
     assert words.to_pylist() == ["a\u00e9", "b"]
     small = inference.outputs_to_arrow(np.array([200], np.uint8), OutputBinding("s", "s", "uint8", (None,)))
     assert small.type == pa.int16() and small.to_pylist() == [200]
@@ -211,24 +251,28 @@ def test_outputs_to_arrow_nests_per_dimension():
 
 
 def _mixed_plan(mixed_dir, batch_size):
-    schema = _schema(img=T.ArrayType(T.DoubleType()), word=T.StringType(), n=T.LongType(),
-                     label=T.DoubleType())
+    schema = _schema(img=T.ArrayType(T.DoubleType()), word=T.StringType(), n=T.LongType(), label=T.DoubleType())
     return inference.plan_serving(
-        schema, export_dir=mixed_dir, tag_set="serve", signature_def_key=None,
+        schema,
+        export_dir=mixed_dir,
+        tag_set="serve",
+        signature_def_key=None,
         input_mapping={"img": "image", "word": "word:0", "n": "count", "label": "y_"},
-        output_mapping={"total": "total", "echo": "echo", "grid": "grid", "flag": "flag",
-                        "small": "small"},
-        batch_size=batch_size)
+        output_mapping={"total": "total", "echo": "echo", "grid": "grid", "flag": "flag", "small": "small"},
+        batch_size=batch_size,
+    )
 
 
 def _batch(start, stop):
     rows = range(start, stop)
-    return pa.RecordBatch.from_pydict({
-        "img": pa.array([[float(i)] * 4 for i in rows], pa.list_(pa.float64())),
-        "word": pa.array([f"w{i}" for i in rows]),
-        "n": pa.array(list(rows), pa.int64()),
-        "label": pa.array([0.5] * len(rows)),
-    })
+    return pa.RecordBatch.from_pydict(
+        {
+            "img": pa.array([[float(i)] * 4 for i in rows], pa.list_(pa.float64())),
+            "word": pa.array([f"w{i}" for i in rows]),
+            "n": pa.array(list(rows), pa.int64()),
+            "label": pa.array([0.5] * len(rows)),
+        }
+    )
 
 
 def test_serve_batches_appends_outputs_across_batch_boundaries(mixed_dir):
@@ -257,9 +301,15 @@ def test_batch_size_does_not_change_results(mixed_dir):
 
 
 def test_output_without_a_row_per_input_is_an_error(mixed_dir):
-    plan = inference.plan_serving(_schema(x=T.ArrayType(T.FloatType())), export_dir=mixed_dir,
-                                  tag_set=None, signature_def_key="pooled",
-                                  input_mapping={"x": "x"}, output_mapping={"mean": "m"}, batch_size=5)
+    plan = inference.plan_serving(
+        _schema(x=T.ArrayType(T.FloatType())),
+        export_dir=mixed_dir,
+        tag_set=None,
+        signature_def_key="pooled",
+        input_mapping={"x": "x"},
+        output_mapping={"mean": "m"},
+        batch_size=5,
+    )
     batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0, 2.0]] * 3, pa.list_(pa.float32()))})
     with pytest.raises(ConfigError, match=r"output 'mean' returned shape \[1, 2\] for a batch of 3 rows"):
         list(inference.serve_batches(iter([batch]), plan))
@@ -267,17 +317,27 @@ def test_output_without_a_row_per_input_is_an_error(mixed_dir):
 
 def test_keras_model_exported_by_tfnode_serves_unchanged(keras_dir):
     schema = _schema(feat=T.ArrayType(T.DoubleType()), b=T.DoubleType())
-    plan = inference.plan_serving(schema, export_dir=keras_dir, tag_set=None, signature_def_key=None,
-                                  input_mapping={"feat": "a", "b": "b"},
-                                  output_mapping={"y": "y", "z": "z"}, batch_size=2)
+    plan = inference.plan_serving(
+        schema,
+        export_dir=keras_dir,
+        tag_set=None,
+        signature_def_key=None,
+        input_mapping={"feat": "a", "b": "b"},
+        output_mapping={"y": "y", "z": "z"},
+        batch_size=2,
+    )
     assert [(f.name, f.dataType) for f in inference.output_fields(plan)] == [
-        ("y", T.ArrayType(T.FloatType(), False)), ("z", T.FloatType())]
-    batch = pa.RecordBatch.from_pydict({"feat": pa.array([[1.0, 2.0], [3.0, 4.0], [0.0, 1.0]]),
-                                        "b": pa.array([10.0, 20.0, 30.0])})
+        ("y", T.ArrayType(T.FloatType(), False)),
+        ("z", T.FloatType()),
+    ]
+    batch = pa.RecordBatch.from_pydict(
+        {"feat": pa.array([[1.0, 2.0], [3.0, 4.0], [0.0, 1.0]]), "b": pa.array([10.0, 20.0, 30.0])}
+    )
     (out,) = inference.serve_batches(iter([batch]), plan)
     assert out.column(3).to_pylist() == [12.0, 26.0, 30.0]
-    np.testing.assert_allclose(np.array(out.column(2).to_pylist())[:, 0] - [3.0, 7.0, 1.0], 0,
-                               atol=1e-6)  # ones kernel: every output is a sum (+ zero bias)
+    np.testing.assert_allclose(
+        np.array(out.column(2).to_pylist())[:, 0] - [3.0, 7.0, 1.0], 0, atol=1e-6
+    )  # ones kernel: every output is a sum (+ zero bias)
 
 
 def test_plan_is_picklable_and_frozen(mixed_dir):
@@ -298,9 +358,14 @@ def test_serve_arrays_is_the_arrow_udf_body(mixed_dir, keras_dir):
     assert struct.type.names == ["echo", "flag", "grid", "small", "total"]
     assert struct.field("total").to_pylist() == [0.0, 4.0, 8.0, 12.0, 16.0]
     single = inference.plan_serving(
-        _schema(x=T.ArrayType(T.FloatType())), export_dir=mixed_dir, tag_set=None,
-        signature_def_key="pooled", input_mapping={"x": "x"}, output_mapping={"mean": "m"},
-        batch_size=8)
+        _schema(x=T.ArrayType(T.FloatType())),
+        export_dir=mixed_dir,
+        tag_set=None,
+        signature_def_key="pooled",
+        input_mapping={"x": "x"},
+        output_mapping={"mean": "m"},
+        batch_size=8,
+    )
     arrays = [pa.array([[1.0, 3.0]], pa.list_(pa.float32())), pa.array([], pa.list_(pa.float32()))]
     first, empty = inference.serve_arrays(iter(arrays), single)  # one input: plain arrays
     assert first.to_pylist() == [[1.0, 3.0]] and len(empty) == 0
@@ -321,10 +386,15 @@ def test_keras_model_exported_with_given_signatures_serves_by_key(tmp_path):
 
     path = str(tmp_path / "k")
     assert TFNode.export_saved_model(model, path, signatures={"predict": predict}) == path
-    plan = inference.plan_serving(_schema(f=T.ArrayType(T.DoubleType())), export_dir=path,
-                                  tag_set="serve", signature_def_key="predict",
-                                  input_mapping={"f": "features"},
-                                  output_mapping={"prediction": "p"}, batch_size=16)
+    plan = inference.plan_serving(
+        _schema(f=T.ArrayType(T.DoubleType())),
+        export_dir=path,
+        tag_set="serve",
+        signature_def_key="predict",
+        input_mapping={"f": "features"},
+        output_mapping={"prediction": "p"},
+        batch_size=16,
+    )
     (out,) = inference.serve_arrays(iter([pa.array([[1.0, 2.0], [0.5, 0.5]])]), plan)
     assert out.to_pylist() == [3.0, 1.0]
 
@@ -336,20 +406,32 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
 
     from tfonspark.keras import export_saved_model
 
-    model = keras.Sequential([
-        keras.Input((784,), name="image"), keras.layers.Reshape((28, 28, 1)),
-        keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(10, name="logits")])
+    model = keras.Sequential(
+        [
+            keras.Input((784,), name="image"),
+            keras.layers.Reshape((28, 28, 1)),
+            keras.layers.Conv2D(2, 3),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, name="logits"),
+        ]
+    )
     path = str(tmp_path / "export")
     assert export_saved_model(model, path) == path
     plan = inference.plan_serving(
-        _schema(image=T.ArrayType(T.FloatType()), label=T.LongType()), export_dir=path,
-        tag_set=None, signature_def_key=None, input_mapping={"image": "image"},
-        output_mapping={"output_0": "logits"}, batch_size=100)
+        _schema(image=T.ArrayType(T.FloatType()), label=T.LongType()),
+        export_dir=path,
+        tag_set=None,
+        signature_def_key=None,
+        input_mapping={"image": "image"},
+        output_mapping={"output_0": "logits"},
+        batch_size=100,
+    )
     assert [(f.name, f.dataType) for f in inference.output_fields(plan)] == [
-        ("logits", T.ArrayType(T.FloatType(), False))]
+        ("logits", T.ArrayType(T.FloatType(), False))
+    ]
     images = np.random.default_rng(0).random((3, 784), dtype=np.float32)
-    column = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * 784 + 1, 784, dtype=np.int32)),
-                                      pa.array(images.reshape(-1)))
+    column = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, 3 * 784 + 1, 784, dtype=np.int32)), pa.array(images.reshape(-1))
+    )
     (out,) = inference.serve_arrays(iter([column]), plan)
-    np.testing.assert_allclose(np.array(out.to_pylist()), model.predict(images, verbose=0),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array(out.to_pylist()), model.predict(images, verbose=0), rtol=1e-5, atol=1e-5)

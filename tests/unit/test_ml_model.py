@@ -37,8 +37,7 @@ class FakeContext:
     """``sc.parallelize(...).mapPartitions(f).collect()`` run here, for export_fn."""
 
     def parallelize(self, data, slices):
-        return argparse.Namespace(mapPartitions=lambda f: argparse.Namespace(
-            collect=lambda: list(f(iter(data)))))
+        return argparse.Namespace(mapPartitions=lambda f: argparse.Namespace(collect=lambda: list(f(iter(data)))))
 
 
 class FakeCluster:
@@ -102,8 +101,13 @@ def map_in_arrow(monkeypatch):
 
 def test_transform_keeps_columns_and_appends_typed_outputs_without_a_job(linear_dir, map_in_arrow):
     frame = FakeFrame(id=T.LongType(), features=T.ArrayType(T.DoubleType()))
-    model = (TFModel({"k": 1}).setExportDir(linear_dir).setInputMapping({"features": "x:0"})
-             .setOutputMapping({"prediction": "pred", "both": "echo"}).setBatchSize(8))
+    model = (
+        TFModel({"k": 1})
+        .setExportDir(linear_dir)
+        .setInputMapping({"features": "x:0"})
+        .setOutputMapping({"prediction": "pred", "both": "echo"})
+        .setBatchSize(8)
+    )
     assert model.transform(frame) == "transformed"
     fn, schema = frame.mapped
     assert schema.simpleString() == "struct<id:bigint,features:array<double>,echo:array<float>,pred:float>"
@@ -119,8 +123,11 @@ def test_transform_errors_name_the_missing_pieces(linear_dir, map_in_arrow):
     model = TFModel().setExportDir(linear_dir).setOutputMapping({"prediction": "p"})
     with pytest.raises(InputError, match=r"names column 'features' .* DataFrame has columns \['feats'\]"):
         model.setInputMapping({"features": "x"}).transform(frame)
-    with pytest.raises(ConfigError, match=r"signature_def_key='predict' is not a signature.*"
-                                          r"Available: \['serving_default'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"signature_def_key='predict' is not a signature.*"
+        r"Available: \['serving_default'\]",
+    ):
         model.setInputMapping({"feats": "x"}).setSignatureDefKey("predict").transform(frame)
 
 
@@ -128,8 +135,13 @@ def test_same_model_content_gives_the_same_cache_key(linear_dir, map_in_arrow):
     frame = FakeFrame(f=T.ArrayType(T.FloatType()))
     keys = []
     for _ in range(2):
-        (TFModel().setExportDir(linear_dir).setInputMapping({"f": "x"})
-         .setOutputMapping({"prediction": "p"}).transform(frame))
+        (
+            TFModel()
+            .setExportDir(linear_dir)
+            .setInputMapping({"f": "x"})
+            .setOutputMapping({"prediction": "p"})
+            .transform(frame)
+        )
         keys.append(frame.mapped[0].keywords["plan"].model_key)
     assert keys[0] == keys[1]
 
@@ -146,11 +158,18 @@ def test_spark_4_1_serves_through_a_scalar_iterator_arrow_udf():
 
 def test_fit_feeds_sorted_mapped_columns_and_returns_a_model(fake_run, tmp_path):
     frame = FakeFrame(b=T.DoubleType(), a=T.ArrayType(T.DoubleType()), extra=T.StringType())
-    estimator = (TFEstimator(_train, {"lr": 0.5}).setInputMapping({"b": "y", "a": "x"})
-                 .setClusterSize(2).setEpochs(3).setFeedTimeout(42).setGraceSecs(0)
-                 .setExportDir(str(tmp_path)).setOutputMapping({"p": "pred"}))
+    estimator = (
+        TFEstimator(_train, {"lr": 0.5})
+        .setInputMapping({"b": "y", "a": "x"})
+        .setClusterSize(2)
+        .setEpochs(3)
+        .setFeedTimeout(42)
+        .setGraceSecs(0)
+        .setExportDir(str(tmp_path))
+        .setOutputMapping({"p": "pred"})
+    )
     model = estimator.fit(frame)
-    (args, kwargs, cluster), = fake_run.started
+    ((args, kwargs, cluster),) = fake_run.started
     sc, train_fn, tf_args, cluster_size, num_ps, tensorboard, mode = args
     assert train_fn is _train and (cluster_size, num_ps, tensorboard, mode) == (2, 0, False, InputMode.SPARK)
     assert kwargs == {"master_node": "chief", "driver_ps_nodes": False}
@@ -161,8 +180,7 @@ def test_fit_feeds_sorted_mapped_columns_and_returns_a_model(fake_run, tmp_path)
 
 
 def test_fit_hands_an_argv_to_train_fn_as_is(fake_run):
-    TFEstimator(_train, ["--lr", "1"]).setInputMapping({"a": "x"}).setGraceSecs(0).fit(
-        FakeFrame(a=T.DoubleType()))
+    TFEstimator(_train, ["--lr", "1"]).setInputMapping({"a": "x"}).setGraceSecs(0).fit(FakeFrame(a=T.DoubleType()))
     assert fake_run.started[0][0][2] == ["--lr", "1"]
 
 
@@ -183,10 +201,18 @@ def test_fit_runs_export_fn_once_with_the_args(fake_run):
 @pytest.mark.parametrize(
     ("mapping", "columns", "error", "message"),
     [
-        ({}, {"a": T.DoubleType()}, ConfigError,
-         r"set input_mapping=\{column: tensor_name\}. Received: input_mapping=\{\}; DataFrame columns: \['a'\]"),
-        ({"a": "x", "zz": "y"}, {"a": T.DoubleType()}, InputError,
-         r"input_mapping names column\(s\) \['zz'\] that the DataFrame lacks; available columns: \['a'\]"),
+        (
+            {},
+            {"a": T.DoubleType()},
+            ConfigError,
+            r"set input_mapping=\{column: tensor_name\}. Received: input_mapping=\{\}; DataFrame columns: \['a'\]",
+        ),
+        (
+            {"a": "x", "zz": "y"},
+            {"a": T.DoubleType()},
+            InputError,
+            r"input_mapping names column\(s\) \['zz'\] that the DataFrame lacks; available columns: \['a'\]",
+        ),
     ],
 )
 def test_fit_checks_the_mapping_before_starting_a_cluster(fake_run, mapping, columns, error, message):
@@ -208,8 +234,7 @@ def test_fit_refuses_vector_columns_and_tensorflow_mode_without_tfrecord_dir(fak
 # ---- persistence helpers ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [Namespace({"lr": 0.1, "layers": [2, 3]}), Namespace(["--x", "1"]),
-                                  Namespace()])
+@pytest.mark.parametrize("args", [Namespace({"lr": 0.1, "layers": [2, 3]}), Namespace(["--x", "1"]), Namespace()])
 def test_args_round_trip_through_json(args):
     encoded = p.encode_args(args)
     assert "json" in encoded and p.decode_args(encoded) == args

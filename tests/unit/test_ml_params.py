@@ -13,14 +13,30 @@ from tfonspark.ml import Namespace, TFEstimator, TFModel, TFParams
 from tfonspark.ml.params import HasBatchSize, HasSteps
 
 TFOS_ESTIMATOR_DEFAULTS = {
-    "input_mapping": {}, "cluster_size": 1, "num_ps": 0, "driver_ps_nodes": False,
-    "input_mode": 1, "master_node": "chief", "protocol": "grpc", "tensorboard": False,
-    "model_dir": None, "export_dir": None, "tfrecord_dir": None, "batch_size": 100, "epochs": 1,
-    "readers": 1, "steps": 1000, "grace_secs": 30,
+    "input_mapping": {},
+    "cluster_size": 1,
+    "num_ps": 0,
+    "driver_ps_nodes": False,
+    "input_mode": 1,
+    "master_node": "chief",
+    "protocol": "grpc",
+    "tensorboard": False,
+    "model_dir": None,
+    "export_dir": None,
+    "tfrecord_dir": None,
+    "batch_size": 100,
+    "epochs": 1,
+    "readers": 1,
+    "steps": 1000,
+    "grace_secs": 30,
 }
 TFOS_MODEL_DEFAULTS = {
-    "input_mapping": {}, "output_mapping": {}, "batch_size": 100, "model_dir": None,
-    "export_dir": None, "tag_set": None,
+    "input_mapping": {},
+    "output_mapping": {},
+    "batch_size": 100,
+    "model_dir": None,
+    "export_dir": None,
+    "tag_set": None,
 }
 
 
@@ -92,15 +108,16 @@ def test_input_mode_is_stored_as_a_plain_int_for_json():
         ("setBatchSize", True, "batch_size must be an integer >= 1. Received: batch_size=True"),
         ("setNumPS", -1, "num_ps must be an integer >= 0"),
         ("setEpochs", 1.5, "epochs must be an integer >= 1. Received: epochs=1.5"),
-        ("setInputMode", 2, "input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). "
-                            "Received: input_mode=2"),
-        ("setMasterNode", "boss", "master_node must be 'chief', 'master' or None. Received: "
-                                  "master_node='boss'"),
+        (
+            "setInputMode",
+            2,
+            "input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: input_mode=2",
+        ),
+        ("setMasterNode", "boss", "master_node must be 'chief', 'master' or None. Received: master_node='boss'"),
         ("setFeedTimeout", 0, "feed_timeout must be a number of seconds > 0"),
         ("setGraceSecs", -1, "grace_secs must be a number of seconds >= 0"),
         ("setExportDir", "", "export_dir must be a non-empty string"),
-        ("setInputMapping", ["a"], "input_mapping must be a dict of str -> str. Received: "
-                                   "input_mapping=['a'] (list)"),
+        ("setInputMapping", ["a"], "input_mapping must be a dict of str -> str. Received: input_mapping=['a'] (list)"),
         ("setOutputMapping", {"y": 1}, "output_mapping must map strings to strings"),
     ],
 )
@@ -169,11 +186,22 @@ def test_estimator_args_hold_every_param_and_argv_is_kept():
 
 
 def test_fitted_model_copy_takes_the_shared_params():
-    estimator = (TFEstimator(_train, {"lr": 0.1}).setExportDir("/e").setBatchSize(7)
-                 .setOutputMapping({"y": "out"}).setTagSet("serve").setInputMapping({"c": "x"}))
+    estimator = (
+        TFEstimator(_train, {"lr": 0.1})
+        .setExportDir("/e")
+        .setBatchSize(7)
+        .setOutputMapping({"y": "out"})
+        .setTagSet("serve")
+        .setInputMapping({"c": "x"})
+    )
     model = estimator._copyValues(TFModel(estimator.args))
-    assert (model.getExportDir(), model.getBatchSize(), model.getOutputMapping(), model.getTagSet(),
-            model.getInputMapping()) == ("/e", 7, {"y": "out"}, "serve", {"c": "x"})
+    assert (
+        model.getExportDir(),
+        model.getBatchSize(),
+        model.getOutputMapping(),
+        model.getTagSet(),
+        model.getInputMapping(),
+    ) == ("/e", 7, {"y": "out"}, "serve", {"c": "x"})
     assert model.args.lr == 0.1 and not model.hasParam("cluster_size")
 
 
@@ -192,15 +220,28 @@ def test_pipeline_module_is_the_tfos_face_of_ml():
     assert pipeline.TFTypeConverters.toDict({"a": "b"}) == {"a": "b"}
 
 
-@pytest.mark.parametrize("name", ["tfonspark.ml", "tfonspark.ml.params", "tfonspark.ml.inference",
-                                  "tfonspark.ml.savedmodel", "tfonspark.ml.model_cache",
-                                  "tfonspark.ml.persistence", "tfonspark.ml.estimator",
-                                  "tfonspark.ml.model", "tfonspark.pipeline"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tfonspark.ml",
+        "tfonspark.ml.params",
+        "tfonspark.ml.inference",
+        "tfonspark.ml.savedmodel",
+        "tfonspark.ml.model_cache",
+        "tfonspark.ml.persistence",
+        "tfonspark.ml.estimator",
+        "tfonspark.ml.model",
+        "tfonspark.pipeline",
+    ],
+)
 def test_exported_members(name):
     module = importlib.import_module(name)
     assert module.__all__ == sorted(module.__all__)
-    public = {n for n, v in vars(module).items() if not n.startswith("_")
-              and getattr(v, "__module__", None) == module.__name__ and callable(v)}
+    public = {
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__ and callable(v)
+    }
     assert public <= set(module.__all__), public - set(module.__all__)
     for item in module.__all__:
         assert hasattr(module, item)

@@ -46,8 +46,7 @@ def local_metadata(monkeypatch):
         pathlib.Path(path, "metadata").write_text(text)
 
     def load(path, sc, expectedClassName=""):  # noqa: N803 (Spark names)
-        return DefaultParamsReader._parseMetaData(pathlib.Path(path, "metadata").read_text(),
-                                                  expectedClassName)
+        return DefaultParamsReader._parseMetaData(pathlib.Path(path, "metadata").read_text(), expectedClassName)
 
     monkeypatch.setattr(DefaultParamsWriter, "saveMetadata", staticmethod(save))
     monkeypatch.setattr(DefaultParamsReader, "loadMetadata", staticmethod(load))
@@ -115,8 +114,13 @@ def no_unpickling(monkeypatch):
 
 
 def test_model_round_trips_without_pickle(tmp_path, no_unpickling):
-    model = (TFModel({"lr": 0.1, "layers": [2, 3], "name": "m"}).setExportDir("/models/m")
-             .setInputMapping({"x": "in"}).setOutputMapping({"out": "y"}).setBatchSize(7))
+    model = (
+        TFModel({"lr": 0.1, "layers": [2, 3], "name": "m"})
+        .setExportDir("/models/m")
+        .setInputMapping({"x": "in"})
+        .setOutputMapping({"out": "y"})
+        .setBatchSize(7)
+    )
     model.save(str(tmp_path / "m"))
 
     saved = _metadata(tmp_path / "m")
@@ -146,15 +150,21 @@ def test_estimator_functions_are_saved_by_reference(tmp_path, no_unpickling):
 
 
 def test_what_needs_a_pickle_is_refused_at_save_with_how_to_opt_in(tmp_path):
-    with pytest.raises(ConfigError, match=r"train_fn=.*lambda.*not a plain module-level name.*"
-                                          r"allow_pickle=True"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train_fn=.*lambda.*not a plain module-level name.*"
+        r"allow_pickle=True",
+    ):
         TFEstimator(lambda args, ctx: None).save(str(tmp_path / "lambda"))
     main_fn = _train.__class__(_train.__code__, {"__name__": "__main__"}, "notebook_fn")
     main_fn.__module__ = "__main__"
     with pytest.raises(ConfigError, match=r"export_fn=.*defined in __main__ \(a notebook"):
         TFEstimator(_train, export_fn=main_fn).save(str(tmp_path / "main"))
-    with pytest.raises(ConfigError, match=r"tf_args cannot be saved as JSON: \{'shape': 'set'\}.*"
-                                          r"allowPickle\(\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tf_args cannot be saved as JSON: \{'shape': 'set'\}.*"
+        r"allowPickle\(\)",
+    ):
         TFModel({"shape": {1, 2}, "ok": 1}).save(str(tmp_path / "set"))
     assert not any(tmp_path.iterdir())  # nothing half-written
 
@@ -188,9 +198,11 @@ def test_tampered_model_is_refused_before_unpickling(tmp_path, monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(pickle, "loads", lambda *a, **k: pytest.fail("pickle.loads was called"))
-        for load in (lambda: TFModel.load(str(tmp_path / "m")),
-                     lambda: TFModel.read().load(str(tmp_path / "m")),
-                     lambda: DefaultParamsReader.loadParamsInstance(str(tmp_path / "m"), None)):
+        for load in (
+            lambda: TFModel.load(str(tmp_path / "m")),
+            lambda: TFModel.read().load(str(tmp_path / "m")),
+            lambda: DefaultParamsReader.loadParamsInstance(str(tmp_path / "m"), None),
+        ):
             with pytest.raises(ConfigError) as err:
                 load()
             text = str(err.value)
@@ -226,15 +238,18 @@ def test_tampered_estimator_functions_are_refused(tmp_path, no_unpickling, field
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("ref", "message"), [
-    ("os:system", "does not name a function defined there"),     # a re-export (posix.system)
-    ("os:__builtins__", "not {'ref': 'module:qualname'}"),        # dunders are never looked up
-    ("os:path.__class__", "not {'ref': 'module:qualname'}"),
-    ("os:sep", "does not name a function"),                        # not callable
-    ("tfonspark_no_such_module:f", "cannot be loaded: No module named"),
-    ("..rel:f", "not {'ref': 'module:qualname'}"),
-    ("os.system", "not {'ref': 'module:qualname'}"),
-])
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("os:system", "does not name a function defined there"),  # a re-export (posix.system)
+        ("os:__builtins__", "not {'ref': 'module:qualname'}"),  # dunders are never looked up
+        ("os:path.__class__", "not {'ref': 'module:qualname'}"),
+        ("os:sep", "does not name a function"),  # not callable
+        ("tfonspark_no_such_module:f", "cannot be loaded: No module named"),
+        ("..rel:f", "not {'ref': 'module:qualname'}"),
+        ("os.system", "not {'ref': 'module:qualname'}"),
+    ],
+)
 def test_references_must_name_a_callable_defined_there(tmp_path, no_unpickling, ref, message):
     TFEstimator(_train).save(str(tmp_path / "e"))
     _tamper(tmp_path / "e", train_fn={"ref": ref})

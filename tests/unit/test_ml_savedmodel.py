@@ -27,14 +27,14 @@ def _export_linear(path, weights):
         def serve(self, x):
             return {"prediction": tf.linalg.matvec(x, self.w), "doubled": 2.0 * x}
 
-        @tf.function(input_signature=[tf.TensorSpec(None, tf.int64, name="anything"),
-                                      tf.TensorSpec([None, None, 3], tf.string)])
+        @tf.function(
+            input_signature=[tf.TensorSpec(None, tf.int64, name="anything"), tf.TensorSpec([None, None, 3], tf.string)]
+        )
         def odd(self, anything, words):
             return {"n": tf.size(anything), "w": words}
 
     module = Linear()
-    TFNode.export_saved_model(module, str(path),
-                              signatures={"serving_default": module.serve, "odd": module.odd})
+    TFNode.export_saved_model(module, str(path), signatures={"serving_default": module.serve, "odd": module.odd})
     return str(path)
 
 
@@ -50,8 +50,7 @@ def test_reads_signatures_names_dtypes_and_shapes(linear_dir):
     assert {"serving_default", "odd"} <= set(graphs[0].signatures)
     serve = savedmodel.select_signature(graphs, None, "serving_default", linear_dir)
     assert serve.inputs == (TensorSpec("x", "float32", (None, 2)),)
-    assert serve.outputs == (TensorSpec("doubled", "float32", (None, 2)),
-                             TensorSpec("prediction", "float32", (None,)))
+    assert serve.outputs == (TensorSpec("doubled", "float32", (None, 2)), TensorSpec("prediction", "float32", (None,)))
     odd = savedmodel.select_signature(graphs, "serve", "odd", linear_dir)
     assert odd.input("anything") == TensorSpec("anything", "int64", None)  # unknown rank
     assert odd.input("words") == TensorSpec("words", "string", (None, None, 3))
@@ -61,10 +60,12 @@ def test_reads_signatures_names_dtypes_and_shapes(linear_dir):
 
 
 def test_reading_does_not_import_tensorflow(linear_dir):
-    code = ("import sys; from tfonspark.ml import savedmodel; "
-            f"g, _ = savedmodel.read_saved_model({linear_dir!r}); "
-            "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'; "
-            "print(sorted(g[0].signatures['serving_default'].inputs[0].shape, key=str))")
+    code = (
+        "import sys; from tfonspark.ml import savedmodel; "
+        f"g, _ = savedmodel.read_saved_model({linear_dir!r}); "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'; "
+        "print(sorted(g[0].signatures['serving_default'].inputs[0].shape, key=str))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[2, None]"
@@ -100,15 +101,20 @@ def _synthetic(*graphs: tuple[list[str], list[str]]) -> bytes:
 def test_tag_set_selects_among_metagraphs():
     graphs = savedmodel.parse_saved_model(_synthetic((["serve"], ["a"]), (["serve", "gpu"], ["b"])))
     assert savedmodel.select_signature(graphs, "gpu, serve", "b").key == "b"
-    assert savedmodel.select_signature(graphs, "serve", "a").inputs == (
-        TensorSpec("in", "float32", (None,)),)
-    with pytest.raises(ConfigError, match=r"has 2 MetaGraphs; pick one with tag_set. Available tag "
-                                          r"sets: \['serve', 'gpu,serve'\]"):
+    assert savedmodel.select_signature(graphs, "serve", "a").inputs == (TensorSpec("in", "float32", (None,)),)
+    with pytest.raises(
+        ConfigError,
+        match=r"has 2 MetaGraphs; pick one with tag_set. Available tag "
+        r"sets: \['serve', 'gpu,serve'\]",
+    ):
         savedmodel.select_signature(graphs, None, "a", "/m")
     with pytest.raises(ConfigError, match=r"no MetaGraph with tag_set='train'.*\['serve', 'gpu,serve'\]"):
         savedmodel.select_signature(graphs, "train", "a", "/m")
-    with pytest.raises(ConfigError, match=r"signature_def_key='b' is not a signature of the "
-                                          r"SavedModel in '/m'. Available: \['a'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"signature_def_key='b' is not a signature of the "
+        r"SavedModel in '/m'. Available: \['a'\]",
+    ):
         savedmodel.select_signature(graphs, "serve", "b", "/m")
 
 
@@ -117,8 +123,11 @@ def test_corrupt_or_missing_saved_model(tmp_path):
         savedmodel.parse_saved_model(b"\xff\xff\xff", "x/saved_model.pb")
     with pytest.raises(DataFormatError, match="holds no MetaGraph"):
         savedmodel.parse_saved_model(b"")
-    with pytest.raises(ConfigError, match=r"export_dir holds no SavedModel \(saved_model.pb not "
-                                          r"found\).*Received: export_dir="):
+    with pytest.raises(
+        ConfigError,
+        match=r"export_dir holds no SavedModel \(saved_model.pb not "
+        r"found\).*Received: export_dir=",
+    ):
         savedmodel.read_saved_model(str(tmp_path))
     uri = "file://" + str(tmp_path)
     with pytest.raises(ConfigError, match="saved_model.pb not found"):

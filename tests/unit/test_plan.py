@@ -33,17 +33,19 @@ def test_workers_only():
 def test_tfos_role_order_ps_then_chief_then_evaluator_then_workers():
     roles = plan_roles(7, num_ps=2, master_node="chief", eval_node=True)
     assert jobs(roles) == [
-        (0, "ps", 0), (1, "ps", 1),
+        (0, "ps", 0),
+        (1, "ps", 1),
         (2, "chief", 0),
         (3, "evaluator", 0),
-        (4, "worker", 0), (5, "worker", 1), (6, "worker", 2),
+        (4, "worker", 0),
+        (5, "worker", 1),
+        (6, "worker", 2),
     ]
     assert not any(r.on_driver for r in roles)
 
 
 def test_master_node_may_be_called_master():
-    assert jobs(plan_roles(3, num_ps=1, master_node="master")) == [
-        (0, "ps", 0), (1, "master", 0), (2, "worker", 0)]
+    assert jobs(plan_roles(3, num_ps=1, master_node="master")) == [(0, "ps", 0), (1, "master", 0), (2, "worker", 0)]
 
 
 def test_evaluator_without_chief():
@@ -84,20 +86,23 @@ def test_role_groups():
     assert "worker" in DATA_ROLES and not set(DATA_ROLES) & set(SERVICE_ROLES)
 
 
-@pytest.mark.parametrize(("kwargs", "pattern"), [
-    ({"num_executors": 0}, r"num_executors must be a positive integer. Received: 0"),
-    ({"num_executors": -2}, r"num_executors .* Received: -2"),
-    ({"num_executors": 2.0}, r"num_executors .* Received: 2.0"),
-    ({"num_executors": "4"}, r"num_executors .* Received: '4'"),
-    ({"num_executors": None}, r"num_executors .* Received: None"),
-    ({"num_executors": 2, "num_ps": -1}, r"num_ps must be a non-negative integer. Received: -1"),
-    ({"num_executors": 2, "num_ps": 0.5}, r"num_ps .* Received: 0.5"),
-    ({"num_executors": 2, "master_node": "boss"}, r"master_node must be one of .*chief.*master.* Received: 'boss'"),
-    ({"num_executors": 2, "master_node": "worker"}, r"Received: 'worker'"),
-    ({"num_executors": 2, "num_ps": 2}, r"no executor left for a chief or worker: num_executors=2, num_ps=2"),
-    ({"num_executors": 3, "num_ps": 2, "eval_node": True}, r"num_ps=2, eval_node=True; raise num_executors"),
-    ({"num_executors": 1, "eval_node": True}, r"no executor left"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"num_executors": 0}, r"num_executors must be a positive integer. Received: 0"),
+        ({"num_executors": -2}, r"num_executors .* Received: -2"),
+        ({"num_executors": 2.0}, r"num_executors .* Received: 2.0"),
+        ({"num_executors": "4"}, r"num_executors .* Received: '4'"),
+        ({"num_executors": None}, r"num_executors .* Received: None"),
+        ({"num_executors": 2, "num_ps": -1}, r"num_ps must be a non-negative integer. Received: -1"),
+        ({"num_executors": 2, "num_ps": 0.5}, r"num_ps .* Received: 0.5"),
+        ({"num_executors": 2, "master_node": "boss"}, r"master_node must be one of .*chief.*master.* Received: 'boss'"),
+        ({"num_executors": 2, "master_node": "worker"}, r"Received: 'worker'"),
+        ({"num_executors": 2, "num_ps": 2}, r"no executor left for a chief or worker: num_executors=2, num_ps=2"),
+        ({"num_executors": 3, "num_ps": 2, "eval_node": True}, r"num_ps=2, eval_node=True; raise num_executors"),
+        ({"num_executors": 1, "eval_node": True}, r"no executor left"),
+    ],
+)
 def test_invalid_plans_are_config_errors_that_say_what_was_received(kwargs, pattern):
     with pytest.raises(ConfigError, match=pattern):
         plan_roles(**kwargs)
@@ -115,7 +120,10 @@ def test_cluster_spec_is_ordered_by_task_index_not_by_registration():
     roles = plan_roles(5, num_ps=1, master_node="chief")
     addresses = {4: "h4:4", 0: "h0:0", 3: "h3:3", 1: "h1:1", 2: "h2:2"}
     assert build_cluster_spec(list(reversed(roles)), addresses) == {
-        "chief": ["h1:1"], "ps": ["h0:0"], "worker": ["h2:2", "h3:3", "h4:4"]}
+        "chief": ["h1:1"],
+        "ps": ["h0:0"],
+        "worker": ["h2:2", "h3:3", "h4:4"],
+    }
 
 
 def test_cluster_spec_follows_task_index_even_when_executor_ids_do_not():
@@ -130,8 +138,7 @@ def test_cluster_spec_missing_address():
 
 # ---- build_tf_config -------------------------------------------------------------------------------
 
-SPEC = {"ps": ["h0:2222"], "chief": ["h1:2222"], "evaluator": ["h2:2222"],
-        "worker": ["h3:2222", "h4:2222"]}
+SPEC = {"ps": ["h0:2222"], "chief": ["h1:2222"], "evaluator": ["h2:2222"], "worker": ["h3:2222", "h4:2222"]}
 
 
 def test_tf_config_json():
@@ -167,5 +174,7 @@ def test_planned_cluster_resolves_with_tensorflow(tf):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         assert resolver.cluster_spec().as_dict() == spec
         assert (resolver.task_type, resolver.task_id) == (role.job_name, role.task_index)
-        assert resolver.cluster_spec().task_address(role.job_name, role.task_index) == \
-            f"127.0.0.1:{3000 + role.executor_id}"
+        assert (
+            resolver.cluster_spec().task_address(role.job_name, role.task_index)
+            == f"127.0.0.1:{3000 + role.executor_id}"
+        )

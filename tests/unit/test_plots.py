@@ -85,9 +85,7 @@ def test_training_curves_png(tmp_path: Path) -> None:
 
 
 def test_training_curves_panels() -> None:
-    panels = plots._metric_panels(
-        {"accuracy": [0.5], "val_loss": [2.0], "loss": [1.0], "lr": [0.1]}
-    )
+    panels = plots._metric_panels({"accuracy": [0.5], "val_loss": [2.0], "loss": [1.0], "lr": [0.1]})
     assert list(panels) == ["loss", "accuracy", "lr"]
     assert panels["loss"] == ([1.0], [2.0])
     assert panels["accuracy"] == ([0.5], None)
@@ -98,9 +96,7 @@ def test_training_curves_without_validation_and_one_epoch(tmp_path: Path) -> Non
 
 
 def test_training_curves_other_formats(tmp_path: Path) -> None:
-    assert (
-        save_training_curves(HISTORY, tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
-    )
+    assert save_training_curves(HISTORY, tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
     no_suffix = save_training_curves(HISTORY, tmp_path / "curves")
     assert no_suffix == tmp_path / "curves"
     assert no_suffix.read_bytes()[:8] == PNG_SIGNATURE
@@ -131,9 +127,7 @@ def test_confusion_matrix_png(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     y_true = rng.integers(0, 10, 1000)
     y_pred = np.where(rng.random(1000) < 0.9, y_true, rng.integers(0, 10, 1000))
-    path = save_confusion_matrix(
-        y_true, y_pred, tmp_path / "cm.png", [f"class {i}" for i in range(10)]
-    )
+    path = save_confusion_matrix(y_true, y_pred, tmp_path / "cm.png", [f"class {i}" for i in range(10)])
     assert path == tmp_path / "cm.png"
     assert_png(path)
     assert_png(save_confusion_matrix(y_true, y_pred, tmp_path / "cm_norm.png", normalize=True))
@@ -161,9 +155,7 @@ assert dict.__getitem__(matplotlib.rcParams, "backend") == backend
     env = {**os.environ, "PYTHONPATH": str(Path(plots.__file__).parents[1])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     light = "import sys, tfonspark.plots; print('matplotlib' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", light], capture_output=True, text=True, env=env, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
 
 

@@ -54,13 +54,20 @@ def address_of(executor_id: int) -> str:
     return f"127.0.0.1:{20000 + executor_id}"
 
 
-def register(server: RendezvousServer, executor_id: int, *, cluster_id: str = CLUSTER,
-             secret: bytes = SECRET, timeout: float = 30) -> f.Connection:
+def register(
+    server: RendezvousServer,
+    executor_id: int,
+    *,
+    cluster_id: str = CLUSTER,
+    secret: bytes = SECRET,
+    timeout: float = 30,
+) -> f.Connection:
     """Connect and send Register (the reply comes once every planned node has registered)."""
     conn = f.connect(server.address, secret, timeout=timeout)
     conn.settimeout(timeout)
-    m.send_message(conn, m.Register(executor_id, "127.0.0.1", 20000 + executor_id,
-                                    f"key-{executor_id}", os.getpid(), cluster_id))
+    m.send_message(
+        conn, m.Register(executor_id, "127.0.0.1", 20000 + executor_id, f"key-{executor_id}", os.getpid(), cluster_id)
+    )
     return conn
 
 
@@ -165,15 +172,17 @@ def attacks(tmp_path: Path) -> dict[str, Callable[[socket.socket, bytes], None]]
         "truncated handshake": lambda s, hello: s.sendall(f.MAGIC + bytes([f.VERSION]) + os.urandom(20)),
         "oversized length": lambda s, hello: s.sendall(struct.pack(">I", 0xFFFFFFFF) + os.urandom(200)),
         "forged proof + oversized frame": lambda s, hello: s.sendall(
-            forged_hello(hello, WRONG) + struct.pack(">I", 0xFFFFFFFF) + os.urandom(f.TAG)),
+            forged_hello(hello, WRONG) + struct.pack(">I", 0xFFFFFFFF) + os.urandom(f.TAG)
+        ),
         "replayed handshake": lambda s, hello: s.sendall(replay),
-        "forged frame": lambda s, hello: s.sendall(
-            forged_hello(hello, WRONG) + signed_frame(forged_key, register)),
+        "forged frame": lambda s, hello: s.sendall(forged_hello(hello, WRONG) + signed_frame(forged_key, register)),
         "pickle as hello": lambda s, hello: s.sendall(evil_pickle(target).ljust(HELLO + f.TAG, b".")),
         "pickle after forged hello": lambda s, hello: s.sendall(
-            forged_hello(hello, WRONG) + signed_frame(forged_key, evil_pickle(target))),
+            forged_hello(hello, WRONG) + signed_frame(forged_key, evil_pickle(target))
+        ),
         "nonce reflected back": lambda s, hello: s.sendall(
-            f.MAGIC + bytes([f.VERSION]) + hello[5:] + _mac(WRONG, b"s", hello[5:], hello[5:])),
+            f.MAGIC + bytes([f.VERSION]) + hello[5:] + _mac(WRONG, b"s", hello[5:], hello[5:])
+        ),
     }
 
 
@@ -258,7 +267,7 @@ def test_hostile_peers_are_rejected_while_a_real_cluster_registers(make_server, 
     for t in threads[: len(threads) // 2]:
         t.start()
     node0 = register(server, 0)
-    for t in threads[len(threads) // 2:]:
+    for t in threads[len(threads) // 2 :]:
         t.start()
     node1 = register(server, 1)
     try:
@@ -394,10 +403,10 @@ def test_node_up_exit_and_lost_connections_are_recorded(make_server):
         assert server.wait_for(lambda nodes: all(n.up for n in nodes), timeout=10)
         assert [n.up for n in server.nodes.values()] == ups
 
-        m.send_message(conns[0], m.NodeExit(0, 0))                      # finished cleanly
-        conns[1].close()                                                # executor died
+        m.send_message(conns[0], m.NodeExit(0, 0))  # finished cleanly
+        conns[1].close()  # executor died
         m.send_message(conns[2], m.NodeExit(2, 1, traceback="ValueError: boom"))  # crashed
-        m.send_message(conns[3], m.NodeExit(3, -15, stopped=True))      # stopped on purpose
+        m.send_message(conns[3], m.NodeExit(3, -15, stopped=True))  # stopped on purpose
         # (wait_for itself returns as soon as any node fails, so poll for all four here)
         assert wait_until(lambda: all(n.finished for n in server.nodes.values()))
 
@@ -544,8 +553,14 @@ def test_bind_server_socket_any_port():
 
 
 def _forms(secret: bytes) -> list[str]:
-    return [secret.hex(), secret.hex().upper(), repr(secret), str(secret),
-            base64.b64encode(secret).decode(), secret.decode("latin-1")]
+    return [
+        secret.hex(),
+        secret.hex().upper(),
+        repr(secret),
+        str(secret),
+        base64.b64encode(secret).decode(),
+        secret.decode("latin-1"),
+    ]
 
 
 def test_secret_never_appears_in_logs(make_server, tmp_path, caplog):
@@ -643,8 +658,7 @@ def test_a_wildcard_with_nothing_else_to_advertise_is_a_config_error():
 @pytest.mark.parametrize("secs, timeout", [(0, 1.0), (1.0, 1.0), (2.0, 1.0), (-1, 5.0)])
 def test_bad_heartbeat_settings_are_a_config_error(secs, timeout):
     with pytest.raises(ConfigError, match="heartbeat"):
-        RendezvousServer(CLUSTER, plan_roles(1), SECRET, "127.0.0.1", heartbeat_secs=secs,
-                         heartbeat_timeout=timeout)
+        RendezvousServer(CLUSTER, plan_roles(1), SECRET, "127.0.0.1", heartbeat_secs=secs, heartbeat_timeout=timeout)
 
 
 def test_register_must_follow_authentication_promptly(make_server):

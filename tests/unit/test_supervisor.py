@@ -31,8 +31,13 @@ SECRET_HEX = "5a" * 32
 
 
 def _config(**overrides) -> NodeConfig:
-    fields = {"cluster_id": "supervisor-unit-test", "driver_host": "127.0.0.1", "driver_port": 1,
-              "secret_hex": SECRET_HEX, "reservation_timeout": 30.0}
+    fields = {
+        "cluster_id": "supervisor-unit-test",
+        "driver_host": "127.0.0.1",
+        "driver_port": 1,
+        "secret_hex": SECRET_HEX,
+        "reservation_timeout": 30.0,
+    }
     fields.update(overrides)
     return NodeConfig(**fields)
 
@@ -86,8 +91,13 @@ def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
         {"event": "feed", "data_path": "/tmp/tfos-feed-x/feed.sock"},
         "not json at all",
         {"event": "node_event", "kind": "feed_stalled", "detail": {"partition": 4, "timeout": 9.0}},
-        {"event": "up", "host": "10.0.0.7", "data_port": 5555, "data_path": "/tmp/tfos-feed-x/feed.sock",
-         "tensorboard_url": "http://10.0.0.7:6006"},
+        {
+            "event": "up",
+            "host": "10.0.0.7",
+            "data_port": 5555,
+            "data_path": "/tmp/tfos-feed-x/feed.sock",
+            "tensorboard_url": "http://10.0.0.7:6006",
+        },
         {"event": "node_event", "kind": "odd", "detail": ["not", "a", "dict"]},
         {"event": "error", "traceback": "Traceback: boom"},
     ]
@@ -98,8 +108,7 @@ def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
     assert sup.data_path == "/tmp/tfos-feed-x/feed.sock"
     got = [m.recv_message(drv_end) for _ in range(3)]
     assert got[0] == m.NodeEvent(3, "feed_stalled", {"partition": 4, "timeout": 9.0})
-    assert got[1] == m.NodeUp(3, 4242, "10.0.0.7", 5555, "http://10.0.0.7:6006",
-                              "/tmp/tfos-feed-x/feed.sock")
+    assert got[1] == m.NodeUp(3, 4242, "10.0.0.7", 5555, "http://10.0.0.7:6006", "/tmp/tfos-feed-x/feed.sock")
     assert got[2] == m.NodeEvent(3, "odd", {})
     out = capsys.readouterr().out
     assert STATUS_PREFIX + json.dumps({"event": "up", "tf_pid": 4242}) in out
@@ -110,8 +119,11 @@ def test_relay_outlives_a_driver_that_is_gone(pair):
     drv_end.close()
     sup = Supervisor(_config(), 0, [], b"")
     sup.proc = types.SimpleNamespace(pid=1)  # type: ignore[assignment]
-    lines = [{"event": "node_event", "kind": "k", "detail": {}},
-             {"event": "up", "host": "h", "data_port": 0}, {"event": "error", "traceback": "tb"}]
+    lines = [
+        {"event": "node_event", "kind": "k", "detail": {}},
+        {"event": "up", "host": "h", "data_port": 0},
+        {"event": "error", "traceback": "tb"},
+    ]
     status = io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
     assert sup._relay_status(sup_end, status) == "tb"  # no exception: _listen handles the loss
 
@@ -230,9 +242,16 @@ def reset_entry_state():
 
 
 def _header(config: NodeConfig, port_sock: socket.socket) -> dict:
-    return {"config": config.to_json(), "executor_id": 0, "job_name": "worker", "task_index": 0,
-            "cluster_spec": {"worker": ["127.0.0.1:1"]}, "host": "127.0.0.1",
-            "port_fd": os.dup(port_sock.fileno()), "working_dir": os.getcwd()}
+    return {
+        "config": config.to_json(),
+        "executor_id": 0,
+        "job_name": "worker",
+        "task_index": 0,
+        "cluster_spec": {"worker": ["127.0.0.1:1"]},
+        "host": "127.0.0.1",
+        "port_fd": os.dup(port_sock.fileno()),
+        "working_dir": os.getcwd(),
+    }
 
 
 def _events(text: str) -> list[dict]:
@@ -275,8 +294,12 @@ def test_entry_binds_the_feed_server_to_the_bind_host(reset_entry_state, tmp_pat
 def test_feed_server_events_become_status_lines_from_any_thread():
     status = io.StringIO()
     sink = entry._event_sink(status)
-    threads = [threading.Thread(target=lambda i=i: [sink("feed_stalled", {"n": i, "k": k, "x": "y" * 500})
-                                                    for k in range(200)]) for i in range(8)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: [sink("feed_stalled", {"n": i, "k": k, "x": "y" * 500}) for k in range(200)]
+        )
+        for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -364,9 +387,9 @@ class FakeDriver:
                     if isinstance(msg, kind):
                         return msg
                 left = deadline - time.monotonic()
-                assert left > 0 and not self.closed.is_set() or any(
-                    isinstance(x, kind) for x in self.received), \
+                assert left > 0 and not self.closed.is_set() or any(isinstance(x, kind) for x in self.received), (
                     f"no {kind.__name__} (received {self.received})"
+                )
                 self._cond.wait(min(left, 0.5))
 
     def of(self, kind: type) -> list:
@@ -393,9 +416,12 @@ def driver():
 
 
 def _spawn_supervisor(config: NodeConfig, payload: bytes) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor", "--cluster",
-                             config.cluster_id[:12], "--executor", "0"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfonspark.executor.supervisor", "--cluster", config.cluster_id[:12], "--executor", "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     assert proc.stdin is not None
     write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": 0, "gpus": []}, payload)
     proc.stdin.close()
@@ -495,10 +521,12 @@ def _printer(script: str) -> subprocess.Popen:
 def test_status_reader_sees_lines_that_arrive_together_across_waits():
     from tfonspark.executor.node import _StatusReader
 
-    proc = _printer("import time\n"
-                    "print('noise'); print('TFOS-STATUS {\"event\": \"up\"}'); "
-                    "print('TFOS-STATUS {\"event\": \"exit\", \"exit_code\": 0}', flush=True)\n"
-                    "time.sleep(30)")
+    proc = _printer(
+        "import time\n"
+        "print('noise'); print('TFOS-STATUS {\"event\": \"up\"}'); "
+        'print(\'TFOS-STATUS {"event": "exit", "exit_code": 0}\', flush=True)\n'
+        "time.sleep(30)"
+    )
     try:
         reader = _StatusReader(proc)
         first = next(iter(reader.events(time.monotonic() + 20)))

@@ -46,30 +46,54 @@ def flip(path: Path, position: int) -> None:
     path.write_bytes(bytes(raw))
 
 
-SCHEMA = T.StructType([
-    T.StructField("i", T.LongType()),
-    T.StructField("small", T.IntegerType()),
-    T.StructField("flag", T.BooleanType()),
-    T.StructField("d", T.DoubleType()),
-    T.StructField("f", T.FloatType()),
-    T.StructField("s", T.StringType()),
-    T.StructField("b", T.BinaryType()),
-    T.StructField("ai", T.ArrayType(T.LongType())),
-    T.StructField("af", T.ArrayType(T.FloatType())),
-    T.StructField("as_", T.ArrayType(T.StringType())),
-    T.StructField("ab", T.ArrayType(T.BinaryType())),
-])
-ARROW = pa.schema([
-    ("i", pa.int64()), ("small", pa.int32()), ("flag", pa.bool_()), ("d", pa.float64()),
-    ("f", pa.float32()), ("s", pa.string()), ("b", pa.binary()), ("ai", pa.list_(pa.int64())),
-    ("af", pa.list_(pa.float32())), ("as_", pa.list_(pa.string())), ("ab", pa.list_(pa.binary())),
-])
+SCHEMA = T.StructType(
+    [
+        T.StructField("i", T.LongType()),
+        T.StructField("small", T.IntegerType()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("d", T.DoubleType()),
+        T.StructField("f", T.FloatType()),
+        T.StructField("s", T.StringType()),
+        T.StructField("b", T.BinaryType()),
+        T.StructField("ai", T.ArrayType(T.LongType())),
+        T.StructField("af", T.ArrayType(T.FloatType())),
+        T.StructField("as_", T.ArrayType(T.StringType())),
+        T.StructField("ab", T.ArrayType(T.BinaryType())),
+    ]
+)
+ARROW = pa.schema(
+    [
+        ("i", pa.int64()),
+        ("small", pa.int32()),
+        ("flag", pa.bool_()),
+        ("d", pa.float64()),
+        ("f", pa.float32()),
+        ("s", pa.string()),
+        ("b", pa.binary()),
+        ("ai", pa.list_(pa.int64())),
+        ("af", pa.list_(pa.float32())),
+        ("as_", pa.list_(pa.string())),
+        ("ab", pa.list_(pa.binary())),
+    ]
+)
 ROWS = [
-    dict(i=1, small=7, flag=True, d=1.5, f=0.25, s="héllo", b=b"\xff\x00", ai=[5],
-         af=[0.5], as_=["a"], ab=[b"\x80"]),  # not UTF-8: inferred binary
+    dict(
+        i=1, small=7, flag=True, d=1.5, f=0.25, s="héllo", b=b"\xff\x00", ai=[5], af=[0.5], as_=["a"], ab=[b"\x80"]
+    ),  # not UTF-8: inferred binary
     {name: None for name in ARROW.names},
-    dict(i=-(2**63), small=-1, flag=False, d=-2.25, f=3.0, s="", b=b"", ai=[1, -2, 2**62],
-         af=[], as_=["x", "ÿ", ""], ab=[]),
+    dict(
+        i=-(2**63),
+        small=-1,
+        flag=False,
+        d=-2.25,
+        f=3.0,
+        s="",
+        b=b"",
+        ai=[1, -2, 2**62],
+        af=[],
+        as_=["x", "ÿ", ""],
+        ab=[],
+    ),
 ]
 
 
@@ -144,9 +168,10 @@ def test_flipped_byte_names_file_and_record_offset(tmp_path, where, message):
     assert (clone.path, clone.offset, str(clone)) == (str(path), 62, str(info.value))
 
 
-@pytest.mark.parametrize(("cut", "message"), [(7, "truncated TFRecord header"),
-                                              (12 + 4, "truncated TFRecord"),
-                                              (12 + 10 + 2, "truncated TFRecord")])
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [(7, "truncated TFRecord header"), (12 + 4, "truncated TFRecord"), (12 + 10 + 2, "truncated TFRecord")],
+)
 def test_truncated_record_names_its_offset(tmp_path, cut, message):
     path = tmp_path / "short"
     offsets = records_file(path, [10, 10, 10])
@@ -199,18 +224,22 @@ def test_small_batches_split_by_rows(tmp_path):
 
 
 def test_write_refuses_types_an_example_cannot_hold():
-    for dtype in (T.DateType(), T.DecimalType(10, 2), T.ArrayType(T.ArrayType(T.LongType())),
-                  T.MapType(T.StringType(), T.LongType())):
+    for dtype in (
+        T.DateType(),
+        T.DecimalType(10, 2),
+        T.ArrayType(T.ArrayType(T.LongType())),
+        T.MapType(T.StringType(), T.LongType()),
+    ):
         with pytest.raises(InputError, match="cannot be stored") as info:
-            tr._plan_write(T.StructType([T.StructField("ok", T.LongType()),
-                                         T.StructField("bad", dtype)]))
+            tr._plan_write(T.StructType([T.StructField("ok", T.LongType()), T.StructField("bad", dtype)]))
         assert info.value.column == "bad"
 
 
 def test_write_refuses_null_elements_and_names_the_row():
     schema = T.StructType([T.StructField("v", T.ArrayType(T.LongType()))])
-    batch = pa.RecordBatch.from_pylist([{"v": [1]}, {"v": None}, {"v": [2, None]}],
-                                       schema=pa.schema([("v", pa.list_(pa.int64()))]))
+    batch = pa.RecordBatch.from_pylist(
+        [{"v": [1]}, {"v": None}, {"v": [2, None]}], schema=pa.schema([("v", pa.list_(pa.int64()))])
+    )
     with pytest.raises(InputError, match="null element") as info:
         tr._encode_batch(batch, tr._plan_write(schema), partition=3, first_row=100)
     assert (info.value.column, info.value.partition, info.value.row) == ("v", 3, 102)
@@ -222,16 +251,24 @@ def test_write_refuses_null_elements_and_names_the_row():
 
 def test_inference_looks_past_the_first_record():
     records = [
-        example(x=("int64_list", [1]), y=("float_list", [0.5]), z=("int64_list", [1]),
-                s=("bytes_list", [b"a"]), u=("bytes_list", [b"ok"])),
-        example(x=("int64_list", [1, 2, 3]), z=("float_list", [2.5]), s=("bytes_list", [b"b"]),
-                u=("bytes_list", [b"\xff\xfe"]), e=("int64_list", [])),
+        example(
+            x=("int64_list", [1]),
+            y=("float_list", [0.5]),
+            z=("int64_list", [1]),
+            s=("bytes_list", [b"a"]),
+            u=("bytes_list", [b"ok"]),
+        ),
+        example(
+            x=("int64_list", [1, 2, 3]),
+            z=("float_list", [2.5]),
+            s=("bytes_list", [b"b"]),
+            u=("bytes_list", [b"\xff\xfe"]),
+            e=("int64_list", []),
+        ),
         example(),
     ]
     schema = tr.infer_schema(records)
-    assert schema.simpleString() == (
-        "struct<e:array<bigint>,s:string,u:binary,x:array<bigint>,y:double,z:double>"
-    )
+    assert schema.simpleString() == ("struct<e:array<bigint>,s:string,u:binary,x:array<bigint>,y:double,z:double>")
     assert all(f.nullable for f in schema.fields)
     assert tr.infer_schema(records, binary_features=["s"])["s"].dataType == T.BinaryType()
     assert tr.infer_schema(records, binary_features="s")["s"].dataType == T.BinaryType()
@@ -239,8 +276,7 @@ def test_inference_looks_past_the_first_record():
 
 def test_int64_and_float_mix_into_double_even_beyond_2_to_53(tmp_path):
     path = tmp_path / "mix"
-    tr.write_tfrecord_file(str(path), [example(m=("float_list", [0.5])),
-                                       example(m=("int64_list", [2**53 + 1]))])
+    tr.write_tfrecord_file(str(path), [example(m=("float_list", [0.5])), example(m=("int64_list", [2**53 + 1]))])
     schema = tr.infer_schema(tr.read_tfrecord_file(str(path)))
     assert schema.simpleString() == "struct<m:double>"
     rows = next(tr._read_file_batches(str(path), tr._plan_read(schema))).to_pylist()
@@ -265,8 +301,13 @@ def test_inference_of_kindless_empty_features():
 def test_reading_data_that_does_not_fit_the_schema_names_the_record(tmp_path):
     path = tmp_path / "mixed"
     good = example(v=("int64_list", [1]), t=("bytes_list", [b"fine"]))
-    records = [good, good, example(v=("int64_list", [1, 2, 3])),
-               example(t=("bytes_list", [b"\xc3\x28"])), example(v=("float_list", [1.5]))]
+    records = [
+        good,
+        good,
+        example(v=("int64_list", [1, 2, 3])),
+        example(t=("bytes_list", [b"\xc3\x28"])),
+        example(v=("float_list", [1.5])),
+    ]
     tr.write_tfrecord_file(str(path), records)
     offsets = [sum(16 + len(r) for r in records[:k]) for k in range(len(records))]
 
@@ -288,8 +329,7 @@ def test_reading_data_that_does_not_fit_the_schema_names_the_record(tmp_path):
 
 def test_executor_inference_reads_only_infer_records_and_returns_errors(tmp_path):
     path = tmp_path / "two"
-    tr.write_tfrecord_file(str(path), [example(x=("int64_list", [1])),
-                                       example(x=("int64_list", [1, 2, 3]))])
+    tr.write_tfrecord_file(str(path), [example(x=("int64_list", [1])), example(x=("int64_list", [1, 2, 3]))])
 
     def schema(limit):
         [stats] = tr._summarize_files([str(path)], binary=frozenset(), limit=limit)
@@ -308,8 +348,7 @@ def test_executor_write_task_outside_spark(tmp_path):
     plan = tr._plan_write(schema)
     batches = [pa.RecordBatch.from_pylist([{"v": [1, 2]}, {"v": []}], schema=arrow)] * 2
     [result] = tr._write_task(iter(batches), uri=str(tmp_path), job="j1", plan=plan)
-    assert result.to_pylist() == [{"partition": 0, "records": 4, "name": "part-r-00000",
-                                   "error": None}]
+    assert result.to_pylist() == [{"partition": 0, "records": 4, "name": "part-r-00000", "error": None}]
     assert os.listdir(tmp_path / "_temporary" / "j1") == ["part-r-00000"]  # no attempt files
     back = list(tr.read_tfrecord_file(str(tmp_path / "_temporary" / "j1" / "part-r-00000")))
     assert back == tr._encode_batch(batches[0], plan) * 2
@@ -364,10 +403,8 @@ def test_listing_skips_markers_hidden_files_and_directories(tmp_path):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "sub").mkdir()
     root = str(tmp_path)
-    assert tr._list_record_files(root) == [f"{root}/other", f"{root}/part-r-00000",
-                                           f"{root}/part-r-00001"]
-    assert tr._list_record_files(f"{root}/part-*") == [f"{root}/part-r-00000",
-                                                       f"{root}/part-r-00001"]
+    assert tr._list_record_files(root) == [f"{root}/other", f"{root}/part-r-00000", f"{root}/part-r-00001"]
+    assert tr._list_record_files(f"{root}/part-*") == [f"{root}/part-r-00000", f"{root}/part-r-00001"]
     assert tr._list_record_files(f"{root}/other") == [f"{root}/other"]
     with pytest.raises(ConfigError, match="does not exist"):
         tr._list_record_files(f"{root}/missing")
@@ -429,8 +466,7 @@ def test_we_read_tensorflow_files(tf, tmp_path):
             }
             if k != 1:
                 feats["img"] = feature(bytes_list=tf.train.BytesList(value=[bytes([k, 255])]))
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feats))
-                         .SerializeToString())
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     schema = tr.infer_schema(tr.read_tfrecord_file(str(path)))
     assert schema.simpleString() == "struct<img:binary,label:bigint,name:string,vec:array<double>>"
     rows = next(tr._read_file_batches(str(path), tr._plan_read(schema))).to_pylist()

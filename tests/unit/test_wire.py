@@ -55,8 +55,9 @@ class Listener:
     """A listening socket whose accepted sockets run ``server_handshake``: TCP on 127.0.0.1
     (signed frames) or, with ``unix=True``, a ``listen_unix`` socket (unsigned frames)."""
 
-    def __init__(self, secret: bytes = SECRET, max_frame: int = f.DEFAULT_MAX_FRAME,
-                 timeout: float = 5.0, unix: bool = False) -> None:
+    def __init__(
+        self, secret: bytes = SECRET, max_frame: int = f.DEFAULT_MAX_FRAME, timeout: float = 5.0, unix: bool = False
+    ) -> None:
         self.secret, self.max_frame, self.timeout, self.unix = secret, max_frame, timeout, unix
         if unix:
             sock = f.listen_unix("tfos-feed-")
@@ -72,8 +73,9 @@ class Listener:
         self.sock.settimeout(10)
         s, _ = self.sock.accept()
         try:
-            return f.server_handshake(s, self.secret, timeout=self.timeout, max_frame=self.max_frame,
-                                      signed=not self.unix), None
+            return f.server_handshake(
+                s, self.secret, timeout=self.timeout, max_frame=self.max_frame, signed=not self.unix
+            ), None
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             s.close()
             return None, exc
@@ -89,8 +91,12 @@ class Listener:
             f.remove_unix_socket(self.address)
 
 
-def handshake_pair(server_secret: bytes = SECRET, client_secret: bytes = SECRET,
-                   max_frame: int = f.DEFAULT_MAX_FRAME, unix: bool = False):
+def handshake_pair(
+    server_secret: bytes = SECRET,
+    client_secret: bytes = SECRET,
+    max_frame: int = f.DEFAULT_MAX_FRAME,
+    unix: bool = False,
+):
     """(server_conn, server_exc, client_conn, client_exc) for one connection (see Listener)."""
     lis = Listener(server_secret, max_frame, unix=unix)
     out: dict = {}
@@ -210,10 +216,13 @@ def test_client_rejects_a_server_of_another_protocol():
     lis.close()
 
 
-@pytest.mark.parametrize("hello", [
-    b"GET / HTTP/1.1\r\n" + b"x" * 80,                      # another protocol
-    b"TFoS" + bytes([f.VERSION + 1]) + b"\0" * 64,         # another version
-])
+@pytest.mark.parametrize(
+    "hello",
+    [
+        b"GET / HTTP/1.1\r\n" + b"x" * 80,  # another protocol
+        b"TFoS" + bytes([f.VERSION + 1]) + b"\0" * 64,  # another version
+    ],
+)
 def test_server_rejects_foreign_hellos(hello):
     lis = Listener()
     with socket.create_connection(lis.address, timeout=5) as s:
@@ -537,8 +546,14 @@ EXAMPLES = [
     m.Reject(reason="no such executor: ünïcødé"),
     m.Heartbeat(),
     m.NodeEvent(executor_id=1, kind="feed_stalled", detail={"partition": 3, "seconds": 2.5}),
-    m.NodeUp(executor_id=1, tf_pid=99, data_host="127.0.0.1", data_port=5000, tensorboard_url="http://x",
-             data_path="/tmp/tfos-feed-x/feed.sock"),
+    m.NodeUp(
+        executor_id=1,
+        tf_pid=99,
+        data_host="127.0.0.1",
+        data_port=5000,
+        tensorboard_url="http://x",
+        data_path="/tmp/tfos-feed-x/feed.sock",
+    ),
     m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),
     m.Stop(grace_secs=2.5),
     m.Ack(count=7),
@@ -578,23 +593,27 @@ def test_recv_message_enforces_the_expected_types(pair):
     assert isinstance(m.recv_message(server, m.Register, m.Stop), m.Stop)
 
 
-@pytest.mark.parametrize("payload", [
-    b"",
-    b"Jnot json",
-    b'J{"type":"no_such_type"}',
-    b'J{"count":1}',                                   # no type
-    b'J{"type":"ack","count":1,"admin":true}',         # unknown field
-    b'J{"type":"feed_end"}',                           # missing field
-    b'J{"type":"","count":1}',                         # the base class is not a message
-    b'J{"type":["ack"]}',
-    b"J[1, 2]",
-    b'J"ack"',                                         # JSON that is not an object
-    b"J1",
-    b"J" + b"[" * 100_000 + b"]" * 100_000,            # nesting deep enough to blow the stack
-    b"J\xff\xfe",                                      # not UTF-8
-    b'B{"type":"ack"}',                                # a batch frame where a message belongs
-    b'{"type":"ack","count":1}',                       # no kind byte
-], ids=repr)
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"Jnot json",
+        b'J{"type":"no_such_type"}',
+        b'J{"count":1}',  # no type
+        b'J{"type":"ack","count":1,"admin":true}',  # unknown field
+        b'J{"type":"feed_end"}',  # missing field
+        b'J{"type":"","count":1}',  # the base class is not a message
+        b'J{"type":["ack"]}',
+        b"J[1, 2]",
+        b'J"ack"',  # JSON that is not an object
+        b"J1",
+        b"J" + b"[" * 100_000 + b"]" * 100_000,  # nesting deep enough to blow the stack
+        b"J\xff\xfe",  # not UTF-8
+        b'B{"type":"ack"}',  # a batch frame where a message belongs
+        b'{"type":"ack","count":1}',  # no kind byte
+    ],
+    ids=repr,
+)
 def test_decode_rejects_malformed_messages(payload):
     with pytest.raises(ProtocolError):
         m.decode(payload)

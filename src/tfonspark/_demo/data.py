@@ -52,8 +52,7 @@ def images_to_dataframe(
 
     if len(images) != len(labels):
         raise ConfigError(
-            f"images and labels must have the same length. Received: {len(images)} images, "
-            f"{len(labels)} labels"
+            f"images and labels must have the same length. Received: {len(images)} images, {len(labels)} labels"
         )
     order = np.random.default_rng(seed).permutation(len(images)) if seed is not None else None
     if order is not None:

@@ -48,9 +48,7 @@ def build_model(
         ],
         name="tfonspark_demo_cnn",
     )
-    schedule = keras.optimizers.schedules.CosineDecay(
-        learning_rate, max(1, int(total_steps)), alpha=0.05
-    )
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, max(1, int(total_steps)), alpha=0.05)
     model.compile(
         optimizer=keras.optimizers.Adam(schedule),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

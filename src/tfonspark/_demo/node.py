@@ -75,9 +75,7 @@ def train_on_feed(args: NodeArgs, ctx: Any) -> None:
     sender = ProgressSender(args.progress_address, args.progress_secret, ctx.task_index)
     feed = DrainableFeed(ctx.mgr)
     with strategy.scope():
-        model = build_model(
-            args.image_shape, args.num_classes, total_steps=args.epochs * args.steps_per_epoch
-        )
+        model = build_model(args.image_shape, args.num_classes, total_steps=args.epochs * args.steps_per_epoch)
     history = fit(
         model,
         _feed_input(feed, args.global_batch),
@@ -93,8 +91,7 @@ def train_on_feed(args: NodeArgs, ctx: Any) -> None:
         export_saved_model(model, args.export_dir)
     if ctx.is_chief:
         predictions = predict_classes(model, to_features(args.test_images))
-        sender.send({"kind": "result", "history": history.history,
-                     "predictions": predictions.tolist()})
+        sender.send({"kind": "result", "history": history.history, "predictions": predictions.tolist()})
     sender.close()
 
 

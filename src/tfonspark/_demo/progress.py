@@ -123,8 +123,7 @@ class ProgressSender:
             self._conn.send(json.dumps({"worker": self.worker, **message}).encode())
             return True
         except (OSError, ProtocolError, AuthenticationError) as err:
-            _log.warning("progress channel to %s:%s lost (%s); no more progress is sent",
-                         *self.address, err)
+            _log.warning("progress channel to %s:%s lost (%s); no more progress is sent", *self.address, err)
             self._broken = True
             self.close()
             return False

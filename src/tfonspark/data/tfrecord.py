@@ -333,33 +333,46 @@ def _example_class() -> Any:
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     package = "tfonspark.private.example"
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="tfonspark_private_example.proto", package=package, syntax="proto3"
-    )
+    fdp = descriptor_pb2.FileDescriptorProto(name="tfonspark_private_example.proto", package=package, syntax="proto3")
     fdesc = descriptor_pb2.FieldDescriptorProto
-    for name, scalar in (("BytesList", fdesc.TYPE_BYTES), ("FloatList", fdesc.TYPE_FLOAT),
-                         ("Int64List", fdesc.TYPE_INT64)):
-        fdp.message_type.add(name=name).field.add(
-            name="value", number=1, label=fdesc.LABEL_REPEATED, type=scalar
-        )
+    for name, scalar in (
+        ("BytesList", fdesc.TYPE_BYTES),
+        ("FloatList", fdesc.TYPE_FLOAT),
+        ("Int64List", fdesc.TYPE_INT64),
+    ):
+        fdp.message_type.add(name=name).field.add(name="value", number=1, label=fdesc.LABEL_REPEATED, type=scalar)
     feature = fdp.message_type.add(name="Feature")
     feature.oneof_decl.add(name="kind")
     for number, (name, type_name) in enumerate(
         ((_BYTES, "BytesList"), (_FLOAT, "FloatList"), (_INT64, "Int64List")), start=1
     ):
-        feature.field.add(name=name, number=number, label=fdesc.LABEL_OPTIONAL,
-                          type=fdesc.TYPE_MESSAGE, type_name=f".{package}.{type_name}",
-                          oneof_index=0)
+        feature.field.add(
+            name=name,
+            number=number,
+            label=fdesc.LABEL_OPTIONAL,
+            type=fdesc.TYPE_MESSAGE,
+            type_name=f".{package}.{type_name}",
+            oneof_index=0,
+        )
     features = fdp.message_type.add(name="Features")
     entry = features.nested_type.add(name="FeatureEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, label=fdesc.LABEL_OPTIONAL, type=fdesc.TYPE_STRING)
-    entry.field.add(name="value", number=2, label=fdesc.LABEL_OPTIONAL,
-                    type=fdesc.TYPE_MESSAGE, type_name=f".{package}.Feature")
-    features.field.add(name="feature", number=1, label=fdesc.LABEL_REPEATED,
-                       type=fdesc.TYPE_MESSAGE, type_name=f".{package}.Features.FeatureEntry")
+    entry.field.add(
+        name="value", number=2, label=fdesc.LABEL_OPTIONAL, type=fdesc.TYPE_MESSAGE, type_name=f".{package}.Feature"
+    )
+    features.field.add(
+        name="feature",
+        number=1,
+        label=fdesc.LABEL_REPEATED,
+        type=fdesc.TYPE_MESSAGE,
+        type_name=f".{package}.Features.FeatureEntry",
+    )
     fdp.message_type.add(name="Example").field.add(
-        name="features", number=1, label=fdesc.LABEL_OPTIONAL, type=fdesc.TYPE_MESSAGE,
+        name="features",
+        number=1,
+        label=fdesc.LABEL_OPTIONAL,
+        type=fdesc.TYPE_MESSAGE,
         type_name=f".{package}.Features",
     )
     pool = descriptor_pool.DescriptorPool()
@@ -387,9 +400,7 @@ def _parse_features(data: bytes, path: str, offset: int | None) -> Any:
 
 _INT_TYPES = (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOAT_TYPES = (T.FloatType, T.DoubleType)
-_SUPPORTED = (
-    "boolean, tinyint, smallint, int, bigint, float, double, string, binary and arrays of them"
-)
+_SUPPORTED = "boolean, tinyint, smallint, int, bigint, float, double, string, binary and arrays of them"
 
 
 @dataclass(frozen=True)
@@ -443,17 +454,14 @@ def _cast_for_write(array: pa.Array, cast: str | None) -> pa.Array:
     return array.cast(pa.large_list(leaf) if pa.types.is_large_list(typ) else pa.list_(leaf))
 
 
-def _check_no_null_elements(
-    array: pa.Array, column: str, partition: int | None, first_row: int
-) -> None:
+def _check_no_null_elements(array: pa.Array, column: str, partition: int | None, first_row: int) -> None:
     """Refuse arrays with null elements: Example lists cannot represent them."""
     flat = pc.list_flatten(array)
     if flat.null_count == 0:
         return
     parents = pc.filter(pc.list_parent_indices(array), pc.is_null(flat))
     raise InputError(
-        "array holds a null element; tf.train.Example lists cannot hold nulls "
-        "(drop or fill them first)",
+        "array holds a null element; tf.train.Example lists cannot hold nulls (drop or fill them first)",
         column=column,
         partition=partition,
         row=first_row + int(parents[0].as_py()),
@@ -478,9 +486,7 @@ def _encode_batch(
     return list(_encode_rows(columns, batch.num_rows))
 
 
-def _encode_rows(
-    columns: list[tuple[str, str, bool, list[Any]]], num_rows: int
-) -> Iterator[bytes]:
+def _encode_rows(columns: list[tuple[str, str, bool, list[Any]]], num_rows: int) -> Iterator[bytes]:
     """The row loop of :func:`_encode_batch`: nulls are skipped, empty lists keep their kind."""
     example_class = _example_class()
     for row in range(num_rows):
@@ -645,8 +651,13 @@ class _ReadColumn:
 
 def _leaf_read_types(leaf: T.DataType) -> tuple[frozenset[str], pa.DataType, pa.DataType] | None:
     """(accepted kinds, build type, final Arrow type) for a scalar Spark type, or None."""
-    ints = {T.LongType: pa.int64(), T.IntegerType: pa.int32(), T.ShortType: pa.int16(),
-            T.ByteType: pa.int8(), T.BooleanType: pa.bool_()}
+    ints = {
+        T.LongType: pa.int64(),
+        T.IntegerType: pa.int32(),
+        T.ShortType: pa.int16(),
+        T.ByteType: pa.int8(),
+        T.BooleanType: pa.bool_(),
+    }
     for spark_type, arrow in ints.items():
         if isinstance(leaf, spark_type):
             return frozenset([_INT64]), pa.int64(), arrow
@@ -737,9 +748,7 @@ def _first_unconvertible(values: list[Any], col: _ReadColumn) -> int:
     return 0
 
 
-def _decode_batch(
-    records: Sequence[tuple[int, bytes]], plan: Sequence[_ReadColumn], path: str
-) -> pa.RecordBatch:
+def _decode_batch(records: Sequence[tuple[int, bytes]], plan: Sequence[_ReadColumn], path: str) -> pa.RecordBatch:
     """Parse ``(offset, data)`` records into one Arrow batch with the columns of ``plan``."""
     columns: list[list[Any]] = [[] for _ in plan]
     for offset, data in records:
@@ -747,10 +756,7 @@ def _decode_batch(
         for col, out in zip(plan, columns, strict=True):
             out.append(_feature_value(fmap, col, path, offset))
     offsets = [offset for offset, _ in records]
-    arrays = [
-        _to_arrow(values, col, path, offsets)
-        for values, col in zip(columns, plan, strict=True)
-    ]
+    arrays = [_to_arrow(values, col, path, offsets) for values, col in zip(columns, plan, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema(plan))
 
 
@@ -839,13 +845,11 @@ def _filesystem(uri: str) -> tuple[Any, str]:
     if scheme == "file":
         return pafs.LocalFileSystem(), unquote(parts.path) or "/"
     if scheme in ("s3a", "s3n"):
-        uri = "s3" + uri[len(scheme):]
+        uri = "s3" + uri[len(scheme) :]
     try:
         fs, fs_path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise ConfigError(
-            f"unsupported file system for {uri!r} ({err}); supported: {_SCHEMES}"
-        ) from err
+        raise ConfigError(f"unsupported file system for {uri!r} ({err}); supported: {_SCHEMES}") from err
     except OSError as err:
         raise ConfigError(
             f"cannot open the file system of {uri!r}: {err}. Supported: {_SCHEMES}; check the "
@@ -882,15 +886,15 @@ def _list_record_files(uri: str) -> list[str]:
         raise ConfigError(f"input path {uri!r} does not exist (or is not a directory)")
     entries = fs.get_file_info(pafs.FileSelector(fs_path, recursive=False))
     names = sorted(
-        e.base_name for e in entries
-        if e.type == pafs.FileType.File and _is_data_file(e.base_name)
+        e.base_name
+        for e in entries
+        if e.type == pafs.FileType.File
+        and _is_data_file(e.base_name)
         and (pattern is None or fnmatch.fnmatchcase(e.base_name, pattern))
     )
     if not names:
         what = f"matching {pattern!r} " if pattern else ""
-        raise ConfigError(
-            f"no TFRecord files {what}in {uri!r} (names starting with '_' or '.' are skipped)"
-        )
+        raise ConfigError(f"no TFRecord files {what}in {uri!r} (names starting with '_' or '.' are skipped)")
     return [_join(uri, name) for name in names]
 
 
@@ -940,8 +944,9 @@ def _write_task(
         raise
     yield pa.RecordBatch.from_pydict(
         {"partition": [partition], "records": [records], "name": [name], "error": [error]},
-        schema=pa.schema([("partition", pa.int32()), ("records", pa.int64()),
-                          ("name", pa.string()), ("error", pa.binary())]),
+        schema=pa.schema(
+            [("partition", pa.int32()), ("records", pa.int64()), ("name", pa.string()), ("error", pa.binary())]
+        ),
     )
 
 
@@ -969,8 +974,7 @@ def _prepare_output(fs: Any, root: str, uri: str, overwrite: bool) -> None:
     if info.type == pafs.FileType.Directory and fs.get_file_info(pafs.FileSelector(root)):
         if not overwrite:
             raise ConfigError(
-                f"output_dir {uri!r} already exists and is not empty; pass overwrite=True to "
-                "replace its contents"
+                f"output_dir {uri!r} already exists and is not empty; pass overwrite=True to replace its contents"
             )
         fs.delete_dir_contents(root)
     fs.create_dir(root, recursive=True)
@@ -1028,9 +1032,7 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(f"{name} must be a positive int or None. Received: {name}={value!r}")
 
 
-def _infer_distributed(
-    sc: SparkContext, files: list[str], binary: frozenset[str], limit: int | None
-) -> T.StructType:
+def _infer_distributed(sc: SparkContext, files: list[str], binary: frozenset[str], limit: int | None) -> T.StructType:
     """Infer the schema with one Spark task per file, merging the stats on the driver."""
     task = functools.partial(_summarize_files, binary=binary, limit=limit)
     merged: dict[str, _FeatureStats] = {}
@@ -1044,8 +1046,7 @@ def _infer_distributed(
                 merged[name] = stats
     if not merged:
         raise ConfigError(
-            f"found no features in {len(files)} TFRecord file(s) (no records?); "
-            "pass schema= to load them"
+            f"found no features in {len(files)} TFRecord file(s) (no records?); pass schema= to load them"
         )
     return _schema_from_stats(merged, binary)
 

@@ -46,15 +46,11 @@ class EpochCheckpoint:
         self._task = task_info_of(strategy)
         self.directory = os.path.join(os.fspath(model_dir), CHECKPOINT_SUBDIR)
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
-        self._checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=model.optimizer, completed_epochs=self._epoch
-        )
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, completed_epochs=self._epoch)
         self._checkpoint.save_counter  # noqa: B018  created now so that restore fills it in
         self._manager: tf.train.CheckpointManager | None = None
         if self._task.is_chief:
-            self._manager = tf.train.CheckpointManager(
-                self._checkpoint, self.directory, max_to_keep=max_to_keep
-            )
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory, max_to_keep=max_to_keep)
 
     def restore(self) -> int:
         """Load the latest checkpoint if any; return the number of completed epochs.
@@ -82,9 +78,7 @@ class EpochCheckpoint:
         self._epoch.assign(completed_epochs)
         if self._manager is not None:
             return str(self._manager.save(checkpoint_number=completed_epochs))
-        scratch = tempfile.mkdtemp(
-            prefix=f"tfonspark-ckpt-{self._task.task_type}{self._task.task_id}-"
-        )
+        scratch = tempfile.mkdtemp(prefix=f"tfonspark-ckpt-{self._task.task_type}{self._task.task_id}-")
         try:
             scratch_manager = tf.train.CheckpointManager(self._checkpoint, scratch, max_to_keep=1)
             scratch_manager.save(checkpoint_number=completed_epochs)
@@ -94,9 +88,7 @@ class EpochCheckpoint:
 
     def _check_workers_agree(self, epochs: int) -> None:
         """All replicas restored the same epoch iff (sum e)^2 == n * sum e^2 (Cauchy-Schwarz)."""
-        total, squares, count = sum_across_replicas(
-            self._strategy, [float(epochs), float(epochs) ** 2, 1.0]
-        )
+        total, squares, count = sum_across_replicas(self._strategy, [float(epochs), float(epochs) ** 2, 1.0])
         if total * total != count * squares:
             raise ConfigError(
                 "Workers restored different checkpoints from model_dir; it must be on a filesystem "

@@ -217,9 +217,7 @@ class DistributedTrainer:
         self.model.stop_training = False
         callback_list.on_train_begin()
         if initial_epoch >= epochs:
-            _log.info(
-                "model_dir already holds %d completed epoch(s); nothing to train", initial_epoch
-            )
+            _log.info("model_dir already holds %d completed epoch(s); nothing to train", initial_epoch)
         logs: dict[str, Any] = {}
         for epoch in range(initial_epoch, epochs):
             logs, stop = self._fit_epoch(epoch, train, val, callback_list)
@@ -228,13 +226,9 @@ class DistributedTrainer:
         callback_list.on_train_end(logs)
         return history
 
-    def export(
-        self, export_dir: str | os.PathLike[str], *, input_signature: Any = None
-    ) -> str | None:
+    def export(self, export_dir: str | os.PathLike[str], *, input_signature: Any = None) -> str | None:
         """Export a SavedModel (all workers call; the chief keeps it). See export_saved_model."""
-        return export_saved_model(
-            self.model, export_dir, strategy=self.strategy, input_signature=input_signature
-        )
+        return export_saved_model(self.model, export_dir, strategy=self.strategy, input_signature=input_signature)
 
     # -- one epoch -------------------------------------------------------------------------
 
@@ -368,9 +362,7 @@ class DistributedTrainer:
 
     def _local(self, outputs: Any) -> Mapping[str, Any]:
         """This worker's first replica's values of a step's outputs."""
-        local = tf.nest.map_structure(
-            lambda v: self.strategy.experimental_local_results(v)[0], outputs
-        )
+        local = tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0], outputs)
         return local if isinstance(local, Mapping) else {"outputs": local}
 
     def _global_logs(self, last: Mapping[str, Any]) -> dict[str, Any]:
@@ -506,9 +498,7 @@ class _Input:
         self.steps = steps
         self._name = name
         if isinstance(data, tf.data.Dataset):
-            self.dataset = strategy.experimental_distribute_dataset(
-                _with_policy(data, shard_policy)
-            )
+            self.dataset = strategy.experimental_distribute_dataset(_with_policy(data, shard_policy))
         elif isinstance(data, tf.distribute.DistributedDataset):
             self.dataset = data
         elif callable(data):
@@ -529,9 +519,7 @@ class _Input:
             raise ConfigError(
                 f"{name} is infinite; pass {'steps_per_epoch' if name == 'dataset' else 'validation_steps'}."
             )
-        self.known_steps = (
-            steps if steps is not None else (cardinality if cardinality >= 0 else None)
-        )
+        self.known_steps = steps if steps is not None else (cardinality if cardinality >= 0 else None)
         self.carries_over = steps is not None and name == "dataset"
         self.iterator: Iterator[Any] | None = None
 
@@ -593,16 +581,13 @@ def _model_and_strategy(model: Any, strategy: tf.distribute.Strategy | None) -> 
         return model, strategy
     if not callable(model):
         raise ConfigError(
-            "model must be a compiled Keras model or a build_fn returning one. "
-            f"Received: {type(model).__name__}"
+            f"model must be a compiled Keras model or a build_fn returning one. Received: {type(model).__name__}"
         )
     strategy = strategy or strategies.strategy()
     with strategy.scope():
         built = model()
     if strategies.keras_flavor(built) == "":
-        raise ConfigError(
-            f"build_fn must return a compiled Keras model. Received: {type(built).__name__}"
-        )
+        raise ConfigError(f"build_fn must return a compiled Keras model. Received: {type(built).__name__}")
     return _model_and_strategy(built, strategy)
 
 
@@ -656,9 +641,7 @@ def _cardinality(distributed: Any, original: Any) -> int:
     return int(tf.data.UNKNOWN_CARDINALITY)
 
 
-def _with_policy(
-    dataset: tf.data.Dataset, policy: tf.data.experimental.AutoShardPolicy | None
-) -> tf.data.Dataset:
+def _with_policy(dataset: tf.data.Dataset, policy: tf.data.experimental.AutoShardPolicy | None) -> tf.data.Dataset:
     """Set the auto-shard policy on the dataset's options (if one was asked for)."""
     if policy is None:
         return dataset

@@ -74,15 +74,12 @@ def task_info(tf_config: str | Mapping[str, Any] | None = None) -> TaskInfo:
     task_type = task.get("type")
     if task_type is None:
         if cluster:
-            raise ConfigError(
-                f"TF_CONFIG has a cluster but no task type. Received: task={dict(task)!r}"
-            )
+            raise ConfigError(f"TF_CONFIG has a cluster but no task type. Received: task={dict(task)!r}")
         return TaskInfo(task_type=None, task_id=0, cluster=cluster)
     task_id = _task_index(task.get("index", 0))
     if cluster and len(cluster.get(task_type, ())) <= task_id:
         raise ConfigError(
-            f"TF_CONFIG task {task_type}:{task_id} is not in the cluster. "
-            f"Received: cluster={dict(cluster)!r}"
+            f"TF_CONFIG task {task_type}:{task_id} is not in the cluster. Received: cluster={dict(cluster)!r}"
         )
     return TaskInfo(task_type=str(task_type), task_id=task_id, cluster=cluster)
 
@@ -115,8 +112,7 @@ def _cluster(raw: Any) -> dict[str, tuple[str, ...]]:
             )
         if isinstance(addresses, str) or not all(isinstance(a, str) for a in addresses):
             raise ConfigError(
-                f"TF_CONFIG cluster[{role!r}] must be a list of 'host:port' strings. "
-                f"Received: {addresses!r}"
+                f"TF_CONFIG cluster[{role!r}] must be a list of 'host:port' strings. Received: {addresses!r}"
             )
         cluster[role] = tuple(addresses)
     return cluster

@@ -96,9 +96,7 @@ def task_info_of(strategy: tf.distribute.Strategy) -> TaskInfo:
         return TaskInfo(task_type=None, task_id=0, cluster={})
     spec = resolver.cluster_spec().as_dict()
     cluster = {role: _addresses(tasks) for role, tasks in spec.items()}
-    return TaskInfo(
-        task_type=resolver.task_type, task_id=int(resolver.task_id or 0), cluster=cluster
-    )
+    return TaskInfo(task_type=resolver.task_type, task_id=int(resolver.task_id or 0), cluster=cluster)
 
 
 def _addresses(tasks: Sequence[str] | Mapping[int, str]) -> tuple[str, ...]:
@@ -171,9 +169,7 @@ def _make_reducer(strategy: tf.distribute.Strategy) -> Callable[[tf.Tensor], tf.
     return reduce
 
 
-_reducers: weakref.WeakKeyDictionary[Any, Callable[[tf.Tensor], tf.Tensor]] = (
-    weakref.WeakKeyDictionary()
-)
+_reducers: weakref.WeakKeyDictionary[Any, Callable[[tf.Tensor], tf.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def keras_flavor(model: Any) -> str:

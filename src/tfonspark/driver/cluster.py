@@ -23,8 +23,9 @@ from .rendezvous import NodeState, RendezvousServer
 __all__ = ["Cluster", "run"]
 
 log = logging.getLogger(__name__)
-_SPARK_SETTINGS = ("spark.executor.instances, spark.executor.cores, spark.cores.max, "
-                   "spark.task.cpus (or the N in local[N])")
+_SPARK_SETTINGS = (
+    "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
+)
 
 
 def _describe_exit(node: NodeState) -> NodeFailed:
@@ -43,15 +44,21 @@ def _describe_exit(node: NodeState) -> NodeFailed:
     else:
         how = f"failed with exit code {code}"
     tail = node.exit.traceback.strip() or node.exit.output_tail.strip()
-    return NodeFailed(f"{where} {how}", role=role.job_name, index=role.task_index, exit_code=code,
-                      traceback="\n".join(tail.splitlines()[-40:]))
+    return NodeFailed(
+        f"{where} {how}",
+        role=role.job_name,
+        index=role.task_index,
+        exit_code=code,
+        traceback="\n".join(tail.splitlines()[-40:]),
+    )
 
 
 class Cluster:
     """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``)."""
 
-    def __init__(self, sc: Any, roles: list[NodeRole], server: RendezvousServer,
-                 config: NodeConfig, input_mode: InputMode) -> None:
+    def __init__(
+        self, sc: Any, roles: list[NodeRole], server: RendezvousServer, config: NodeConfig, input_mode: InputMode
+    ) -> None:
         self.sc = sc
         self.roles = roles
         self.server = server
@@ -72,8 +79,7 @@ class Cluster:
         """Follow node events; on a node failure or a stalled feed, cancel the feed jobs at once."""
         seen = 0
         while True:
-            self.server.wait_for(lambda nodes, seen=seen: self._closed or len(self.server.events) > seen,
-                                 None)
+            self.server.wait_for(lambda nodes, seen=seen: self._closed or len(self.server.events) > seen, None)
             events = self.server.events_since(seen)
             seen += len(events)
             for node, event in events:
@@ -92,7 +98,8 @@ class Cluster:
             f"partition {detail.get('partition')}: its feeder sent nothing to node {node.role.name} "
             f"for feed_timeout={float(detail.get('timeout', 0)):.0f}s after {detail.get('received', 0)} "
             "rows (a stalled Spark task or executor); the feed was cancelled. Raise feed_timeout if "
-            "computing a partition's rows can take longer.")
+            "computing a partition's rows can take longer."
+        )
         log.warning("%s", error)
         # only the running train() is cancelled: a late report about an earlier feed is logged
         if detail.get("train", True) and detail.get("feed_id", "") in ("", self.feeding):
@@ -117,14 +124,14 @@ class Cluster:
 
     # ---- start-up --------------------------------------------------------------------------
     def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
-        ok = self.server.wait_for(lambda nodes: predicate(nodes) or self._launch_error() is not None,
-                                  timeout)
+        ok = self.server.wait_for(lambda nodes: predicate(nodes) or self._launch_error() is not None, timeout)
         self.check()
         error = self._launch_error()
         if error is not None and not predicate(self.server.nodes.values()):
             self._teardown(grace_secs=0)
-            raise NodeFailed(f"the Spark job that starts the TensorFlow nodes failed before {what}: "
-                             f"{_first_line(error)}") from error
+            raise NodeFailed(
+                f"the Spark job that starts the TensorFlow nodes failed before {what}: {_first_line(error)}"
+            ) from error
         if not ok:
             registered = self.server.registered()
             self._teardown(grace_secs=0)
@@ -132,7 +139,9 @@ class Cluster:
                 f"{what}: {registered} of {len(self.roles)} TensorFlow nodes registered within "
                 f"{timeout:.0f}s. Each node needs its own Spark task slot; check {_SPARK_SETTINGS}, "
                 "that dynamic allocation can reach that many executors, or raise reservation_timeout.",
-                registered=registered, required=len(self.roles))
+                registered=registered,
+                required=len(self.roles),
+            )
 
     def _start(self, payload: bytes, use_barrier: bool) -> None:
         self._watcher.start()
@@ -146,8 +155,12 @@ class Cluster:
         if use_barrier:
             rdd = rdd.barrier()
         task = node_task(self.config, payload)
-        self.launcher = BackgroundJob(self.sc, f"tfonspark nodes {self.cluster_id[:8]}",
-                                      lambda: rdd.mapPartitions(task).collect(), self.server.notify)
+        self.launcher = BackgroundJob(
+            self.sc,
+            f"tfonspark nodes {self.cluster_id[:8]}",
+            lambda: rdd.mapPartitions(task).collect(),
+            self.server.notify,
+        )
         timeout = self.config.reservation_timeout
         self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
         self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
@@ -162,11 +175,15 @@ class Cluster:
     @staticmethod
     def _info(node: NodeState) -> dict[str, Any]:
         up = node.up
-        return {"executor_id": node.role.executor_id, "job_name": node.role.job_name,
-                "task_index": node.role.task_index, "address": node.address,
-                "executor_key": node.executor_key,
-                "data_address": (up.data_host, up.data_port) if up and up.data_port else None,
-                "tb_url": up.tensorboard_url if up else ""}
+        return {
+            "executor_id": node.role.executor_id,
+            "job_name": node.role.job_name,
+            "task_index": node.role.task_index,
+            "address": node.address,
+            "executor_key": node.executor_key,
+            "data_address": (up.data_host, up.data_port) if up and up.data_port else None,
+            "tb_url": up.tensorboard_url if up else "",
+        }
 
     # ---- public API ------------------------------------------------------------------------
     def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input") -> int:
@@ -180,8 +197,7 @@ class Cluster:
         self.check()
         return train(self, data, num_epochs, feed_timeout, qname)
 
-    def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input",
-                  output_schema: Any = None) -> Any:
+    def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
         """Feed ``data`` to the nodes and return one result per input row (RDD or DataFrame)."""
         from .feeding import inference
 
@@ -191,8 +207,10 @@ class Cluster:
 
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
-            raise ConfigError(f"{what}() feeds Spark data and needs input_mode=InputMode.SPARK. "
-                              f"Received: input_mode={InputMode(self.input_mode).name}")
+            raise ConfigError(
+                f"{what}() feeds Spark data and needs input_mode=InputMode.SPARK. "
+                f"Received: input_mode={InputMode(self.input_mode).name}"
+            )
 
     def tensorboard_url(self) -> str | None:
         """The TensorBoard URL of the chief (or worker 0), if ``tensorboard=True``."""
@@ -222,9 +240,11 @@ class Cluster:
         self.check()
         if not done:
             self._teardown(grace_secs=0)
-            raise ShutdownTimeout(f"TensorFlow workers were still running after timeout={timeout}s; "
-                                  "they have been stopped. Raise shutdown(timeout=...) if training "
-                                  "needs longer.")
+            raise ShutdownTimeout(
+                f"TensorFlow workers were still running after timeout={timeout}s; "
+                "they have been stopped. Raise shutdown(timeout=...) if training "
+                "needs longer."
+            )
         # every chief/worker has exited, so there is nothing left to wait for: grace_secs is the
         # time ps/evaluator nodes get between SIGTERM and SIGKILL (TFoS slept it unconditionally)
         self.check()
@@ -237,8 +257,7 @@ class Cluster:
         self._closed = True
         for node in self.server.nodes.values():
             self.server.stop_node(node, grace_secs)
-        self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes),
-                             grace_secs + 15)
+        self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes), grace_secs + 15)
         self._cancel_feeds()
         # a lost node's task may never return (its supervisor is frozen or its host gone):
         # then there is nothing to wait for, and the node job is cancelled at once
@@ -287,11 +306,22 @@ def _default_fs(sc: Any) -> str:
         return "file://"
 
 
-def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int,
-        num_ps: int = 0, tensorboard: bool = False, input_mode: InputMode | int = InputMode.TENSORFLOW,
-        log_dir: str | None = None, driver_ps_nodes: bool = False, master_node: str | None = None,
-        reservation_timeout: float = 600, queues: Any = None, eval_node: bool = False,
-        release_port: bool = True) -> Cluster:
+def run(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    num_ps: int = 0,
+    tensorboard: bool = False,
+    input_mode: InputMode | int = InputMode.TENSORFLOW,
+    log_dir: str | None = None,
+    driver_ps_nodes: bool = False,
+    master_node: str | None = None,
+    reservation_timeout: float = 600,
+    queues: Any = None,
+    eval_node: bool = False,
+    release_port: bool = True,
+) -> Cluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
 
     ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
@@ -307,17 +337,27 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
     cluster_id = uuid.uuid4().hex
     heartbeat_timeout = _float_env("TFONSPARK_HEARTBEAT_TIMEOUT") or 60.0
     heartbeat_secs = min(5.0, heartbeat_timeout / 4)
-    server = RendezvousServer(cluster_id, roles, secret, _driver_host(sc),
-                              heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout)
-    config = NodeConfig(cluster_id=cluster_id, driver_host=server.address[0],
-                        driver_port=server.address[1], secret_hex=secret.hex(), input_mode=mode,
-                        tensorboard=tensorboard, log_dir=log_dir, release_port=release_port,
-                        reservation_timeout=float(reservation_timeout), default_fs=_default_fs(sc),
-                        chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-                        tensorboard_port=_int_env("TENSORBOARD_PORT"),
-                        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024,
-                        bind_host=os.environ.get("TFONSPARK_BIND_HOST", ""),
-                        heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout)
+    server = RendezvousServer(
+        cluster_id, roles, secret, _driver_host(sc), heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout
+    )
+    config = NodeConfig(
+        cluster_id=cluster_id,
+        driver_host=server.address[0],
+        driver_port=server.address[1],
+        secret_hex=secret.hex(),
+        input_mode=mode,
+        tensorboard=tensorboard,
+        log_dir=log_dir,
+        release_port=release_port,
+        reservation_timeout=float(reservation_timeout),
+        default_fs=_default_fs(sc),
+        chief_job=master_node if master_node in CHIEF_ROLES else "worker",
+        tensorboard_port=_int_env("TENSORBOARD_PORT"),
+        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024,
+        bind_host=os.environ.get("TFONSPARK_BIND_HOST", ""),
+        heartbeat_secs=heartbeat_secs,
+        heartbeat_timeout=heartbeat_timeout,
+    )
     cluster = Cluster(sc, roles, server, config, mode)
     spark_nodes = sum(1 for r in roles if not r.on_driver)
     use_barrier = barrier_supported(sc)
@@ -328,7 +368,10 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
                 raise ReservationTimeout(
                     f"the cluster needs {spark_nodes} Spark task slots for its TensorFlow nodes but "
                     f"only {slots} were available after {reservation_timeout}s; check {_SPARK_SETTINGS} "
-                    "or lower num_executors.", registered=slots, required=spark_nodes)
+                    "or lower num_executors.",
+                    registered=slots,
+                    required=spark_nodes,
+                )
         cluster._start(cloudpickle.dumps((map_fun, tf_args)), use_barrier)
     except BaseException:
         cluster._teardown(grace_secs=0)

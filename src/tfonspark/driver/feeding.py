@@ -29,8 +29,9 @@ def _targets(cluster: Cluster) -> list[FeedTarget]:
     out = []
     for node in cluster.server.nodes.values():
         if node.role.job_name in DATA_ROLES and node.up is not None and node.up.data_port and not node.finished:
-            out.append(FeedTarget(node.role.name, node.executor_key, node.up.data_host, node.up.data_port,
-                                  node.up.data_path))
+            out.append(
+                FeedTarget(node.role.name, node.executor_key, node.up.data_host, node.up.data_port, node.up.data_path)
+            )
     return out
 
 
@@ -134,13 +135,13 @@ def _output_schema(cluster: Cluster, df: Any, feeder: Feeder, output_schema: Any
         parsed = _parse_datatype_string(output_schema)
         return parsed if isinstance(parsed, StructType) else StructType().add("prediction", parsed)
     if output_schema is not None:
-        raise ConfigError(f"output_schema must be a StructType, a DDL string or None. "
-                          f"Received: {type(output_schema).__name__}")
+        raise ConfigError(
+            f"output_schema must be a StructType, a DDL string or None. Received: {type(output_schema).__name__}"
+        )
     probe = df.limit(1).rdd.map(tuple).mapPartitionsWithIndex(feeder.infer_rdd)
     rows = _run_feed_job(cluster, "tfonspark inference schema probe", probe.collect)
     if not rows:
-        raise FeedError("cannot infer the inference output schema from an empty DataFrame; "
-                        "pass output_schema=...")
+        raise FeedError("cannot infer the inference output schema from an empty DataFrame; pass output_schema=...")
     return _schema_of(rows[0])
 
 
@@ -168,8 +169,9 @@ def _spark_type(value: Any) -> Any:
         return T.BinaryType()
     if isinstance(value, (list, tuple)) and value:
         return T.ArrayType(_spark_type(value[0]), False)
-    raise ConfigError(f"cannot map an inference result of type {type(value).__name__} to a Spark type; "
-                      "pass output_schema=...")
+    raise ConfigError(
+        f"cannot map an inference result of type {type(value).__name__} to a Spark type; pass output_schema=..."
+    )
 
 
 def _schema_of(row: Any) -> Any:
@@ -200,7 +202,6 @@ def close_feeds(cluster: Cluster, qnames: tuple[str, ...] = ("input",)) -> None:
                     conn.settimeout(30)
                     m.recv_message(conn, m.Ack)
             except TimeoutError as exc:  # before OSError: TimeoutError is an OSError
-                raise FeedTimeout(f"node {node.role.name} did not accept the end of feed within 30s: "
-                                  f"{exc}") from exc
+                raise FeedTimeout(f"node {node.role.name} did not accept the end of feed within 30s: {exc}") from exc
             except OSError:
                 pass  # the node already exited; shutdown() reports how it ended

@@ -15,8 +15,9 @@ __all__ = ["BackgroundJob", "barrier_supported", "task_slots", "wait_for_slots"]
 class BackgroundJob:
     """Run ``action()`` (a Spark action) in a thread, under its own cancellable job group."""
 
-    def __init__(self, sc: Any, description: str, action: Callable[[], Any],
-                 on_done: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, sc: Any, description: str, action: Callable[[], Any], on_done: Callable[[], None] | None = None
+    ) -> None:
         self.sc = sc
         self.group = f"tfonspark-{uuid.uuid4().hex[:12]}"
         self.description = description

@@ -50,8 +50,7 @@ class NodeState:
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost) or (
-            self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
+        return bool(self.lost) or (self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
 
 
 def _port_candidates(spec: str | None) -> list[int]:
@@ -67,9 +66,7 @@ def _port_candidates(spec: str | None) -> list[int]:
             raise ValueError
         return list(range(low, high + 1))
     except ValueError:
-        raise ConfigError(
-            f"TFOS_SERVER_PORT must be a port or a range like 5000-5010. Received: {spec!r}"
-        ) from None
+        raise ConfigError(f"TFOS_SERVER_PORT must be a port or a range like 5000-5010. Received: {spec!r}") from None
 
 
 def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4096) -> socket.socket:
@@ -97,13 +94,24 @@ class RendezvousServer:
     ``address``: the bound address, or ``host`` where the bind address is a wildcard.
     """
 
-    def __init__(self, cluster_id: str, roles: Sequence[NodeRole], secret: bytes,
-                 host: str, port_spec: str | None = None, *, bind_host: str | None = None,
-                 heartbeat_secs: float = 5.0, heartbeat_timeout: float = 60.0,
-                 handshake_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        cluster_id: str,
+        roles: Sequence[NodeRole],
+        secret: bytes,
+        host: str,
+        port_spec: str | None = None,
+        *,
+        bind_host: str | None = None,
+        heartbeat_secs: float = 5.0,
+        heartbeat_timeout: float = 60.0,
+        handshake_timeout: float = 10.0,
+    ) -> None:
         if not 0 < heartbeat_secs < heartbeat_timeout:
-            raise ConfigError("heartbeats need 0 < heartbeat_secs < heartbeat_timeout. Received: "
-                              f"heartbeat_secs={heartbeat_secs!r}, heartbeat_timeout={heartbeat_timeout!r}")
+            raise ConfigError(
+                "heartbeats need 0 < heartbeat_secs < heartbeat_timeout. Received: "
+                f"heartbeat_secs={heartbeat_secs!r}, heartbeat_timeout={heartbeat_timeout!r}"
+            )
         self.cluster_id = cluster_id
         self.secret = secret
         self.nodes = {r.executor_id: NodeState(r) for r in roles}
@@ -117,29 +125,34 @@ class RendezvousServer:
         self._closed = False
         self._stopping = threading.Event()
         sock, self.address = self._bind(host, port_spec, bind_host)
-        self._listener = Listener(sock, secret, self._serve, max_frame=_CONTROL_MAX_FRAME,
-                                  handshake_timeout=handshake_timeout,
-                                  max_pending=max(128, 2 * len(self.nodes)),
-                                  max_connections=max(1024, 4 * len(self.nodes)),
-                                  name="tfos-rendezvous")
+        self._listener = Listener(
+            sock,
+            secret,
+            self._serve,
+            max_frame=_CONTROL_MAX_FRAME,
+            handshake_timeout=handshake_timeout,
+            max_pending=max(128, 2 * len(self.nodes)),
+            max_connections=max(1024, 4 * len(self.nodes)),
+            name="tfos-rendezvous",
+        )
         self._beat = threading.Thread(target=self._heartbeats, name="tfos-rdv-heartbeat", daemon=True)
         self._beat.start()
 
     @staticmethod
-    def _bind(host: str, port_spec: str | None,
-              bind_host: str | None) -> tuple[socket.socket, tuple[str, int]]:
+    def _bind(host: str, port_spec: str | None, bind_host: str | None) -> tuple[socket.socket, tuple[str, int]]:
         """The listening socket and the address nodes are told to connect to."""
         if bind_host is None:
             bind_host = os.environ.get("TFOS_SERVER_HOST") or host
-        sock = bind_server_socket(bind_host, port_spec if port_spec is not None
-                                  else os.environ.get("TFOS_SERVER_PORT"))
+        sock = bind_server_socket(bind_host, port_spec if port_spec is not None else os.environ.get("TFOS_SERVER_PORT"))
         bound, port = sock.getsockname()[:2]
         if not is_wildcard(bind_host) and not is_wildcard(bound):
             return sock, (bound, port)
         if is_wildcard(host):
             sock.close()
-            raise ConfigError(f"the rendezvous server binds to the wildcard {bind_host!r} and needs "
-                              f"a real address to advertise to executors. Received: host={host!r}")
+            raise ConfigError(
+                f"the rendezvous server binds to the wildcard {bind_host!r} and needs "
+                f"a real address to advertise to executors. Received: host={host!r}"
+            )
         return sock, (host, port)
 
     @property
@@ -196,7 +209,8 @@ class RendezvousServer:
         """Once every node has registered, build the cluster spec and wake the waiters."""
         if all(n.address for n in self.nodes.values()):
             self.cluster_spec = build_cluster_spec(
-                [n.role for n in self.nodes.values()], {i: n.address for i, n in self.nodes.items()})
+                [n.role for n in self.nodes.values()], {i: n.address for i, n in self.nodes.items()}
+            )
             self._cond.notify_all()
 
     def _refusal(self, msg: m.Register, node: NodeState | None) -> str:
@@ -205,8 +219,9 @@ class RendezvousServer:
         if node is None:
             return f"executor id {msg.executor_id} is not part of this cluster"
         if self.cluster_spec is not None or node.conn is not None:
-            return (f"executor id {msg.executor_id} registered twice (a retried Spark task?); "
-                    "the cluster is already formed")
+            return (
+                f"executor id {msg.executor_id} registered twice (a retried Spark task?); the cluster is already formed"
+            )
         return ""
 
     def _follow(self, conn: Connection, node: NodeState) -> None:
@@ -216,8 +231,9 @@ class RendezvousServer:
             try:
                 msg = m.recv_message(conn, m.NodeUp, m.NodeExit, m.Heartbeat, m.NodeEvent)
             except TimeoutError:
-                self._lost(node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s "
-                                 "(executor lost or hung?)")
+                self._lost(
+                    node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s (executor lost or hung?)"
+                )
                 return
             if self._record(node, msg):
                 return
@@ -240,8 +256,11 @@ class RendezvousServer:
         """Every ``heartbeat_secs``, tell each running node's supervisor that the driver lives."""
         while not self._stopping.wait(self.heartbeat_secs):
             with self._cond:
-                targets = [(n, n.conn) for n in self.nodes.values()
-                           if n.role.executor_id in self._ready and n.conn is not None and not n.finished]
+                targets = [
+                    (n, n.conn)
+                    for n in self.nodes.values()
+                    if n.role.executor_id in self._ready and n.conn is not None and not n.finished
+                ]
             for node, conn in targets:
                 try:
                     m.send_message(conn, m.Heartbeat())

@@ -26,8 +26,12 @@ def _dense(arr: Any, name: str, partition: int, first_row: int, per_row: int = 1
     import pyarrow as pa
 
     if arr.null_count:
-        raise InputError("null value where a tensor is expected", column=name, partition=partition,
-                         row=first_row + _first_null(arr) // per_row)
+        raise InputError(
+            "null value where a tensor is expected",
+            column=name,
+            partition=partition,
+            row=first_row + _first_null(arr) // per_row,
+        )
     t = arr.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return arr.to_numpy(zero_copy_only=False)
@@ -35,16 +39,26 @@ def _dense(arr: Any, name: str, partition: int, first_row: int, per_row: int = 1
         lengths = np.asarray(arr.value_lengths())
         if len(lengths) and (lengths != lengths[0]).any():
             bad = int(np.flatnonzero(lengths != lengths[0])[0])
-            raise InputError(f"ragged array: {lengths[bad]} elements where the first row has "
-                             f"{lengths[0]}", column=name, partition=partition, row=first_row + bad // per_row)
-        inner = _dense(arr.flatten(), name, partition, first_row,
-                       per_row * (int(lengths[0]) if len(lengths) else 1))
+            raise InputError(
+                f"ragged array: {lengths[bad]} elements where the first row has {lengths[0]}",
+                column=name,
+                partition=partition,
+                row=first_row + bad // per_row,
+            )
+        inner = _dense(arr.flatten(), name, partition, first_row, per_row * (int(lengths[0]) if len(lengths) else 1))
         return inner.reshape((len(arr), int(lengths[0]) if len(lengths) else 0, *inner.shape[1:]))
     if pa.types.is_struct(t) and {f.name for f in t} >= {"type", "values"}:
-        raise InputError("a Spark ML vector column cannot be fed directly; convert it with "
-                         "pyspark.ml.functions.vector_to_array", column=name, partition=partition)
-    raise InputError(f"type {t} cannot be fed as a tensor; supported: numbers, booleans, strings, "
-                     "binary and (nested) arrays of numbers", column=name, partition=partition)
+        raise InputError(
+            "a Spark ML vector column cannot be fed directly; convert it with pyspark.ml.functions.vector_to_array",
+            column=name,
+            partition=partition,
+        )
+    raise InputError(
+        f"type {t} cannot be fed as a tensor; supported: numbers, booleans, strings, "
+        "binary and (nested) arrays of numbers",
+        column=name,
+        partition=partition,
+    )
 
 
 def arrow_to_columns(rb: Any, partition: int, first_row: int = 0) -> ColumnBatch:
@@ -83,7 +97,9 @@ def columns_to_arrow(batch: ColumnBatch, schema_json: str) -> Any:
         rows = list(columns[0])
         columns = [[r[i] for r in rows] for i in range(len(schema))]
     if len(columns) != len(schema):
-        raise InputError(f"inference results have {len(columns)} fields per row but the output "
-                         f"schema has {len(schema)}: {schema.names}")
+        raise InputError(
+            f"inference results have {len(columns)} fields per row but the output "
+            f"schema has {len(schema)}: {schema.names}"
+        )
     arrays = [_to_arrow_array(c, f) for c, f in zip(columns, schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -68,19 +68,24 @@ class _Link:
         try:
             self.conn: Connection = _open(self.target, key, feeder.secret, min(30.0, self.timeout))
         except OSError as exc:
-            raise FeedError(f"node {self.target.name} at {self.target.host}:{self.target.port} is not "
-                            f"accepting data ({exc}); its TF process has exited or was stopped") from None
+            raise FeedError(
+                f"node {self.target.name} at {self.target.host}:{self.target.port} is not "
+                f"accepting data ({exc}); its TF process has exited or was stopped"
+            ) from None
         self.conn.settimeout(self.timeout)
         self.terminated = False
 
     def fail(self, exc: BaseException) -> BaseException:
         if isinstance(exc, TimeoutError):
-            return FeedTimeout(f"node {self.target.name} took no data and returned no result for "
-                               f"feed_timeout={self.timeout:.0f}s while feeding partition "
-                               f"{self.partition}; is map_fun reading its DataFeed? Raise feed_timeout "
-                               "if its steps are slow.")
-        return FeedError(f"feeding partition {self.partition} to node {self.target.name} failed: "
-                         f"{type(exc).__name__}: {exc}")
+            return FeedTimeout(
+                f"node {self.target.name} took no data and returned no result for "
+                f"feed_timeout={self.timeout:.0f}s while feeding partition "
+                f"{self.partition}; is map_fun reading its DataFeed? Raise feed_timeout "
+                "if its steps are slow."
+            )
+        return FeedError(
+            f"feeding partition {self.partition} to node {self.target.name} failed: {type(exc).__name__}: {exc}"
+        )
 
     def stop_requested(self) -> bool:
         """Non-blocking check for a Terminate from the node."""
@@ -93,8 +98,9 @@ class _Link:
 class Feeder:
     """The picklable feed-task functions for one ``train``/``inference`` call."""
 
-    def __init__(self, targets: list[FeedTarget], secret_hex: str, qname: str, feed_timeout: float,
-                 feed_id: str = "") -> None:
+    def __init__(
+        self, targets: list[FeedTarget], secret_hex: str, qname: str, feed_timeout: float, feed_id: str = ""
+    ) -> None:
         if not targets:
             raise FeedError("no node of this cluster accepts data (all are ps/evaluator, or none is up)")
         self.targets = targets
@@ -106,8 +112,7 @@ class Feeder:
         self.feed_id = feed_id or uuid.uuid4().hex
 
     def _start(self, link: _Link, train: bool, names: list[str] | None = None) -> m.FeedStart:
-        return m.FeedStart(self.qname, train, link.partition, names or [], self.feed_id,
-                           _attempt(), self.feed_timeout)
+        return m.FeedStart(self.qname, train, link.partition, names or [], self.feed_id, _attempt(), self.feed_timeout)
 
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
@@ -134,8 +139,9 @@ class Feeder:
             yield batch
 
     # ---- training ----------------------------------------------------------------------------
-    def _send_partition(self, link: _Link, batches: Iterator[ColumnBatch], train: bool,
-                        names: list[str] | None = None) -> int:
+    def _send_partition(
+        self, link: _Link, batches: Iterator[ColumnBatch], train: bool, names: list[str] | None = None
+    ) -> int:
         """Stream ``batches`` over ``link``; stop early if the node asks to."""
         m.send_message(link.conn, self._start(link, train, names))
         count = 0
@@ -162,8 +168,9 @@ class Feeder:
                 return count
             reply = m.recv_message(link.conn, m.Ack, m.Terminate)
             if isinstance(reply, m.Ack) and reply.count != count:
-                raise FeedError(f"node {link.target.name} acknowledged {reply.count} of {count} rows "
-                                f"of partition {partition}")
+                raise FeedError(
+                    f"node {link.target.name} acknowledged {reply.count} of {count} rows of partition {partition}"
+                )
             return count
         except (OSError, ProtocolError) as exc:
             raise link.fail(exc) from None
@@ -190,9 +197,9 @@ class Feeder:
             return
         link = _Link(self, partition)
         sent: dict[str, Any] = {"count": None, "error": None}
-        sender = threading.Thread(target=self._infer_send,
-                                  args=(link, partition, itertools.chain([first], batches), sent),
-                                  daemon=True)
+        sender = threading.Thread(
+            target=self._infer_send, args=(link, partition, itertools.chain([first], batches), sent), daemon=True
+        )
         sender.start()
         received = 0
         try:
@@ -205,24 +212,27 @@ class Feeder:
                     continue
                 msg = m.decode(payload)
                 if isinstance(msg, m.Terminate):
-                    raise FeedError(f"node {link.target.name} terminated the feed during inference "
-                                    f"of partition {partition}; {received} results were returned")
+                    raise FeedError(
+                        f"node {link.target.name} terminated the feed during inference "
+                        f"of partition {partition}; {received} results were returned"
+                    )
                 if isinstance(msg, m.ResultsEnd):
                     break
             sender.join(self.feed_timeout)
             if sent["error"] is not None:
                 raise sent["error"]
             if sent["count"] != received:
-                raise FeedError(f"partition {partition}: node {link.target.name} returned {received} "
-                                f"results for {sent['count']} rows; map_fun must call batch_results "
-                                "with exactly one result per row")
+                raise FeedError(
+                    f"partition {partition}: node {link.target.name} returned {received} "
+                    f"results for {sent['count']} rows; map_fun must call batch_results "
+                    "with exactly one result per row"
+                )
         except (OSError, ProtocolError) as exc:
             raise (sent["error"] or link.fail(exc)) from None
         finally:
             link.conn.close()
 
-    def _infer_send(self, link: _Link, partition: int, batches: Iterator[ColumnBatch],
-                    sent: dict[str, Any]) -> None:
+    def _infer_send(self, link: _Link, partition: int, batches: Iterator[ColumnBatch], sent: dict[str, Any]) -> None:
         count = 0
         try:
             m.send_message(link.conn, self._start(link, False))

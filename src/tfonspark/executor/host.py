@@ -19,6 +19,7 @@ __all__ = [
     "reserve_port",
 ]
 
+
 def is_wildcard(host: str) -> bool:
     """True for an address that means "every interface": never one to advertise to peers."""
     address = host.strip().removeprefix("[").removesuffix("]")

@@ -51,7 +51,7 @@ class _StatusReader:
                     text = raw.decode("utf-8", "replace")
                     if text.startswith(STATUS_PREFIX):
                         with contextlib.suppress(ValueError):
-                            yield json.loads(text[len(STATUS_PREFIX):])
+                            yield json.loads(text[len(STATUS_PREFIX) :])
                 left = _POLL_SECS if deadline is None else min(_POLL_SECS, deadline - time.monotonic())
                 if left <= 0:
                     return
@@ -79,8 +79,9 @@ def _stop_supervisor(proc: subprocess.Popen) -> None:
             proc.wait(timeout=_REAP_SECS)
 
 
-def start_node(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str],
-               wait_for_exit: bool) -> dict[str, Any]:
+def start_node(
+    config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str], wait_for_exit: bool
+) -> dict[str, Any]:
     """Spawn a supervisor for ``executor_id``; return its last status event.
 
     Start-up (registration, the cluster, the TF process coming up) is bounded by the driver's
@@ -88,13 +89,23 @@ def start_node(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[
     ClusterError raised. Waiting for the node's exit (``wait_for_exit``) is bounded by the
     supervisor's life, which its heartbeat deadline on the driver connection bounds in turn.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "tfonspark.executor.supervisor",
-                             "--cluster", config.cluster_id[:12], "--executor", str(executor_id)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfonspark.executor.supervisor",
+            "--cluster",
+            config.cluster_id[:12],
+            "--executor",
+            str(executor_id),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id,
-                                     "gpus": gpus}, payload)
+        write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id, "gpus": gpus}, payload)
         proc.stdin.close()
     except OSError:
         pass  # it died at once: reported below from its exit code
@@ -115,12 +126,14 @@ def start_node(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[
             code = proc.poll()
             if code is None and not reader.eof:
                 _stop_supervisor(proc)
-                raise ClusterError(f"executor {executor_id}: node did not start within "
-                                   f"{startup_secs:.0f}s; its supervisor was stopped")
+                raise ClusterError(
+                    f"executor {executor_id}: node did not start within {startup_secs:.0f}s; its supervisor was stopped"
+                )
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = proc.wait(timeout=_REAP_SECS)
-            raise ClusterError(f"executor {executor_id}: the node's supervisor exited without "
-                               f"reporting (exit code {code})")
+            raise ClusterError(
+                f"executor {executor_id}: the node's supervisor exited without reporting (exit code {code})"
+            )
     finally:
         proc.stdout.close()
     if last["event"] == "exit":

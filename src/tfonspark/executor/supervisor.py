@@ -80,15 +80,15 @@ class Supervisor:
 
     def _run(self, conn: Connection, host: str, port_sock: socket.socket) -> int:
         port = port_sock.getsockname()[1]
-        m.send_message(conn, m.Register(self.executor_id, host, port, executor_key(), os.getpid(),
-                                        self.config.cluster_id))
+        m.send_message(
+            conn, m.Register(self.executor_id, host, port, executor_key(), os.getpid(), self.config.cluster_id)
+        )
         reply = self._await_cluster(conn)
         if isinstance(reply, m.Reject):
             _status("rejected", reason=reply.reason)
             return 2
         assert isinstance(reply, m.ClusterReady)
-        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True,
-                         name="tfos-heartbeat").start()
+        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True, name="tfos-heartbeat").start()
         status_r, status_w = os.pipe()
         try:
             self._spawning = True  # SIGTERM from now on stops the TF process instead of us
@@ -136,8 +136,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 conn.settimeout(None)
 
-    def _spawn(self, ready: m.ClusterReady, host: str, port_sock: socket.socket,
-               status_w: int) -> subprocess.Popen:
+    def _spawn(self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int) -> subprocess.Popen:
         from ..driver.plan import build_tf_config
 
         env = dict(os.environ)
@@ -150,17 +149,33 @@ class Supervisor:
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
         header = {
-            "config": self.config.to_json(), "executor_id": self.executor_id,
-            "job_name": ready.job_name, "task_index": ready.task_index,
-            "cluster_spec": ready.cluster_spec, "host": host, "port_fd": port_sock.fileno(),
-            "status_fd": status_w, "working_dir": os.getcwd(),
+            "config": self.config.to_json(),
+            "executor_id": self.executor_id,
+            "job_name": ready.job_name,
+            "task_index": ready.task_index,
+            "cluster_spec": ready.cluster_spec,
+            "host": host,
+            "port_fd": port_sock.fileno(),
+            "status_fd": status_w,
+            "working_dir": os.getcwd(),
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfonspark.tfprocess.entry", "--cluster",
-             self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"],
+            [
+                sys.executable,
+                "-m",
+                "tfonspark.tfprocess.entry",
+                "--cluster",
+                self.config.cluster_id[:12],
+                "--node",
+                f"{ready.job_name}:{ready.task_index}",
+            ],
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-            pass_fds=(port_sock.fileno(), status_w), start_new_session=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            pass_fds=(port_sock.fileno(), status_w),
+            start_new_session=True,
+        )
         assert proc.stdin is not None
         with contextlib.suppress(OSError):  # if it died at once, its exit is reported as usual
             write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
@@ -183,16 +198,25 @@ class Supervisor:
                 self.data_path = str(event.get("data_path") or "")
             elif kind == "up":
                 assert self.proc is not None
-                up = m.NodeUp(self.executor_id, self.proc.pid, str(event["host"]),
-                              int(event["data_port"]), str(event.get("tensorboard_url", "")),
-                              str(event.get("data_path", "")))
+                up = m.NodeUp(
+                    self.executor_id,
+                    self.proc.pid,
+                    str(event["host"]),
+                    int(event["data_port"]),
+                    str(event.get("tensorboard_url", "")),
+                    str(event.get("data_path", "")),
+                )
                 self.data_path = up.data_path or self.data_path
                 self._send(conn, up)
                 _status("up", tf_pid=self.proc.pid)
             elif kind == "node_event":
                 detail = event.get("detail")
-                self._send(conn, m.NodeEvent(self.executor_id, str(event.get("kind", "")),
-                                             detail if isinstance(detail, dict) else {}))
+                self._send(
+                    conn,
+                    m.NodeEvent(
+                        self.executor_id, str(event.get("kind", "")), detail if isinstance(detail, dict) else {}
+                    ),
+                )
             elif kind == "error":
                 error = str(event.get("traceback", ""))
         return error

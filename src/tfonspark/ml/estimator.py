@@ -98,11 +98,30 @@ ESTIMATOR_DEFAULTS: dict[str, Any] = {
 }
 
 
-class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize, HasNumPS,
-                  HasInputMode, HasMasterNode, HasProtocol, HasGraceSecs, HasTensorboard,
-                  HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize, HasEpochs, HasReaders,
-                  HasSteps, HasFeedTimeout, HasOutputMapping, HasSignatureDefKey, HasTagSet,
-                  TFPersistence):
+class TFEstimator(
+    Estimator[TFModel],
+    TFParams,
+    HasInputMapping,
+    HasClusterSize,
+    HasNumPS,
+    HasInputMode,
+    HasMasterNode,
+    HasProtocol,
+    HasGraceSecs,
+    HasTensorboard,
+    HasModelDir,
+    HasExportDir,
+    HasTFRecordDir,
+    HasBatchSize,
+    HasEpochs,
+    HasReaders,
+    HasSteps,
+    HasFeedTimeout,
+    HasOutputMapping,
+    HasSignatureDefKey,
+    HasTagSet,
+    TFPersistence,
+):
     """Trains ``train_fn(args, ctx)`` on a tfonspark cluster (TFoS ``pipeline.TFEstimator``).
 
     ``tf_args``: dict, argparse.Namespace, :class:`Namespace`, argv list (handed to
@@ -138,9 +157,17 @@ class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize,
             feed = None
             args.tfrecord_dir = _tfrecords_for(dataset, self.getInputMapping(), args.tfrecord_dir)
         tf_args = args.argv if args.argv else args
-        cluster = run(dataset.sparkSession.sparkContext, self.train_fn, tf_args, args.cluster_size,
-                      args.num_ps, args.tensorboard, mode, master_node=args.master_node,
-                      driver_ps_nodes=args.driver_ps_nodes)
+        cluster = run(
+            dataset.sparkSession.sparkContext,
+            self.train_fn,
+            tf_args,
+            args.cluster_size,
+            args.num_ps,
+            args.tensorboard,
+            mode,
+            master_node=args.master_node,
+            driver_ps_nodes=args.driver_ps_nodes,
+        )
         _train_and_shutdown(cluster, feed, args)
         if self.export_fn is not None:
             _run_export_fn(dataset.sparkSession.sparkContext, self.export_fn, tf_args)
@@ -151,9 +178,11 @@ class TFEstimator(Estimator[TFModel], TFParams, HasInputMapping, HasClusterSize,
     # ``train_fn``/``export_fn`` are saved by reference (module:qualname) and ``tf_args`` as
     # JSON; anything else needs allow_pickle (see tfonspark.ml.persistence).
     def _extra_metadata(self, allow_pickle: bool = False) -> dict[str, Any]:
-        return {"tf_args": encode_args(self.args, allow_pickle),
-                "train_fn": encode_function(self.train_fn, allow_pickle, "train_fn"),
-                "export_fn": encode_function(self.export_fn, allow_pickle, "export_fn")}
+        return {
+            "tf_args": encode_args(self.args, allow_pickle),
+            "train_fn": encode_function(self.train_fn, allow_pickle, "train_fn"),
+            "export_fn": encode_function(self.export_fn, allow_pickle, "export_fn"),
+        }
 
     @classmethod
     def _from_metadata(cls, metadata: dict[str, Any], allow_pickle: bool = False) -> TFEstimator:
@@ -166,17 +195,23 @@ def _feed_frame(dataset: Any, mapping: dict[str, str]) -> Any:
     """The columns fed in InputMode.SPARK, in sorted order (TFoS), after checking they exist."""
     columns = list(dataset.columns)
     if not mapping:
-        raise ConfigError("TFEstimator feeds the DataFrame columns named in input_mapping "
-                          "(InputMode.SPARK); set input_mapping={column: tensor_name}. Received: "
-                          f"input_mapping={{}}; DataFrame columns: {columns}")
+        raise ConfigError(
+            "TFEstimator feeds the DataFrame columns named in input_mapping "
+            "(InputMode.SPARK); set input_mapping={column: tensor_name}. Received: "
+            f"input_mapping={{}}; DataFrame columns: {columns}"
+        )
     missing = [c for c in sorted(mapping) if c not in columns]
     if missing:
-        raise InputError(f"input_mapping names column(s) {missing} that the DataFrame lacks; "
-                         f"available columns: {columns}", column=missing[0])
+        raise InputError(
+            f"input_mapping names column(s) {missing} that the DataFrame lacks; available columns: {columns}",
+            column=missing[0],
+        )
     for column in sorted(mapping):
         if type(dataset.schema[column].dataType).__name__ == "VectorUDT":
-            raise InputError("a Spark ML vector column cannot be fed; convert it with "
-                             "pyspark.ml.functions.vector_to_array", column=column)
+            raise InputError(
+                "a Spark ML vector column cannot be fed; convert it with pyspark.ml.functions.vector_to_array",
+                column=column,
+            )
     return dataset.select(sorted(mapping))
 
 
@@ -188,15 +223,19 @@ def _tfrecords_for(dataset: Any, mapping: dict[str, str], tfrecord_dir: str | No
     if source is not None:
         return source
     if not tfrecord_dir:
-        raise ConfigError("InputMode.TENSORFLOW writes the DataFrame as TFRecords for train_fn to "
-                          "read; set tfrecord_dir (or fit a DataFrame read with "
-                          "tfonspark.dfutil.loadTFRecords). Received: tfrecord_dir=None")
+        raise ConfigError(
+            "InputMode.TENSORFLOW writes the DataFrame as TFRecords for train_fn to "
+            "read; set tfrecord_dir (or fit a DataFrame read with "
+            "tfonspark.dfutil.loadTFRecords). Received: tfrecord_dir=None"
+        )
     frame = dataset.select(list(mapping)) if mapping else dataset
     try:
         files = save_tfrecords(frame, tfrecord_dir)
     except ConfigError as err:
-        raise ConfigError(f"TFEstimator could not write the DataFrame as TFRecords to "
-                          f"tfrecord_dir={tfrecord_dir!r}; it must be missing or empty: {err}") from err
+        raise ConfigError(
+            f"TFEstimator could not write the DataFrame as TFRecords to "
+            f"tfrecord_dir={tfrecord_dir!r}; it must be missing or empty: {err}"
+        ) from err
     log.info("wrote %d TFRecord file(s) to %s", len(files), tfrecord_dir)
     return files[0].rsplit("/", 1)[0] if files else tfrecord_dir
 
@@ -236,5 +275,6 @@ def _warn_if_no_saved_model(export_dir: str | None) -> None:
     try:
         read_saved_model(resolve_export_dir(export_dir))
     except Exception as err:  # only a hint: transform() raises the real error
-        log.warning("after training, export_dir=%r holds no readable SavedModel (%s); did train_fn "
-                    "export one?", export_dir, err)
+        log.warning(
+            "after training, export_dir=%r holds no readable SavedModel (%s); did train_fn export one?", export_dir, err
+        )

@@ -61,17 +61,36 @@ log = logging.getLogger(__name__)
 
 #: Output dtype -> (numpy dtype the values are cast to, Spark SQL type name).
 OUTPUT_TYPES: dict[str, tuple[str, str]] = {
-    "float32": ("float32", "float"), "float64": ("float64", "double"),
-    "float16": ("float32", "float"), "bfloat16": ("float32", "float"),
-    "int8": ("int8", "byte"), "int16": ("int16", "short"), "int32": ("int32", "integer"),
-    "int64": ("int64", "long"), "uint8": ("int16", "short"), "uint16": ("int32", "integer"),
-    "uint32": ("int64", "long"), "bool": ("bool", "boolean"), "string": ("object", "string"),
+    "float32": ("float32", "float"),
+    "float64": ("float64", "double"),
+    "float16": ("float32", "float"),
+    "bfloat16": ("float32", "float"),
+    "int8": ("int8", "byte"),
+    "int16": ("int16", "short"),
+    "int32": ("int32", "integer"),
+    "int64": ("int64", "long"),
+    "uint8": ("int16", "short"),
+    "uint16": ("int32", "integer"),
+    "uint32": ("int64", "long"),
+    "bool": ("bool", "boolean"),
+    "string": ("object", "string"),
 }
 #: Input dtype -> numpy dtype a column is cast to before it becomes a tensor.
-_INPUT_NUMPY = {"float16": "float16", "bfloat16": "float32", "float32": "float32",
-                "float64": "float64", "int8": "int8", "int16": "int16", "int32": "int32",
-                "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
-                "uint64": "uint64", "bool": "bool"}
+_INPUT_NUMPY = {
+    "float16": "float16",
+    "bfloat16": "float32",
+    "float32": "float32",
+    "float64": "float64",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+}
 
 
 @dataclass(frozen=True)
@@ -120,45 +139,63 @@ def bind_inputs(signature: Signature, mapping: Mapping[str, str], columns: list[
     for column, tensor in sorted(mapping.items()):
         spec = signature.input(strip_port(tensor))
         if spec is None:
-            log.info("input_mapping entry %r -> %r ignored: not an input of signature %r",
-                     column, tensor, signature.key)
+            log.info(
+                "input_mapping entry %r -> %r ignored: not an input of signature %r", column, tensor, signature.key
+            )
             continue
         if spec.dtype != "string" and spec.dtype not in _INPUT_NUMPY:
-            raise ConfigError(f"signature input {spec.describe()} has a dtype no DataFrame column can "
-                              f"feed; supported: {sorted(_INPUT_NUMPY) + ['string']}")
+            raise ConfigError(
+                f"signature input {spec.describe()} has a dtype no DataFrame column can "
+                f"feed; supported: {sorted(_INPUT_NUMPY) + ['string']}"
+            )
         if spec.name in bound:
-            raise ConfigError(f"input_mapping maps two columns to signature input {spec.name!r}: "
-                              f"{bound[spec.name].column!r} and {column!r}")
+            raise ConfigError(
+                f"input_mapping maps two columns to signature input {spec.name!r}: "
+                f"{bound[spec.name].column!r} and {column!r}"
+            )
         if column not in columns:
-            raise InputError(f"input_mapping names column {column!r} (for signature input "
-                             f"{spec.name!r}) but the DataFrame has columns {columns}", column=column)
+            raise InputError(
+                f"input_mapping names column {column!r} (for signature input "
+                f"{spec.name!r}) but the DataFrame has columns {columns}",
+                column=column,
+            )
         bound[spec.name] = InputBinding(column, spec.name, spec.dtype, spec.shape)
     if not signature.inputs:
-        raise ConfigError(f"signature {signature.key!r} takes no inputs, so it cannot be served row "
-                          "by row; choose another signature_def_key")
+        raise ConfigError(
+            f"signature {signature.key!r} takes no inputs, so it cannot be served row "
+            "by row; choose another signature_def_key"
+        )
     missing = [s for s in signature.inputs if s.name not in bound]
     if missing:
-        raise ConfigError(f"signature {signature.key!r} input(s) {[s.name for s in missing]} have no "
-                          f"column; add {{column: input_name}} entries to input_mapping. Received: "
-                          f"input_mapping={dict(mapping)!r}; signature inputs: {_names(signature.inputs)}")
+        raise ConfigError(
+            f"signature {signature.key!r} input(s) {[s.name for s in missing]} have no "
+            f"column; add {{column: input_name}} entries to input_mapping. Received: "
+            f"input_mapping={dict(mapping)!r}; signature inputs: {_names(signature.inputs)}"
+        )
     return tuple(bound[s.name] for s in signature.inputs)
 
 
 def bind_outputs(signature: Signature, mapping: Mapping[str, str], columns: list[str]) -> tuple[OutputBinding, ...]:
     """Match ``{output: new_column}`` entries to the signature's outputs."""
     if not mapping:
-        raise ConfigError(f"output_mapping is empty; set {{output_name: column}} for the outputs to "
-                          f"append. Signature {signature.key!r} outputs: {_names(signature.outputs)}")
+        raise ConfigError(
+            f"output_mapping is empty; set {{output_name: column}} for the outputs to "
+            f"append. Signature {signature.key!r} outputs: {_names(signature.outputs)}"
+        )
     taken = set(columns)
     bound = []
     for tensor, column in sorted(mapping.items()):
         spec = signature.output(strip_port(tensor))
         if spec is None:
-            raise ConfigError(f"output_mapping names {tensor!r}, which is not an output of signature "
-                              f"{signature.key!r}. Available outputs: {_names(signature.outputs)}")
+            raise ConfigError(
+                f"output_mapping names {tensor!r}, which is not an output of signature "
+                f"{signature.key!r}. Available outputs: {_names(signature.outputs)}"
+            )
         if column in taken:
-            raise ConfigError(f"output column {column!r} (for output {spec.name!r}) already exists; "
-                              f"choose a new name. Existing columns: {sorted(taken)}")
+            raise ConfigError(
+                f"output column {column!r} (for output {spec.name!r}) already exists; "
+                f"choose a new name. Existing columns: {sorted(taken)}"
+            )
         taken.add(column)
         spark_type(spec)  # fail now, on the driver, for outputs a column cannot hold
         assert spec.shape is not None
@@ -171,14 +208,25 @@ def spark_type(spec: TensorSpec) -> Any:
     from pyspark.sql import types as T
 
     if spec.dtype not in OUTPUT_TYPES:
-        raise ConfigError(f"signature output {spec.describe()} has a dtype no DataFrame column can "
-                          f"hold; supported: {sorted(OUTPUT_TYPES)}")
+        raise ConfigError(
+            f"signature output {spec.describe()} has a dtype no DataFrame column can "
+            f"hold; supported: {sorted(OUTPUT_TYPES)}"
+        )
     if spec.shape is None or len(spec.shape) == 0:
-        raise ConfigError(f"signature output {spec.describe()} has no batch dimension (unknown or "
-                          "zero rank); export the model with a [None, ...] output shape")
-    simple = {"float": T.FloatType, "double": T.DoubleType, "byte": T.ByteType, "short": T.ShortType,
-              "integer": T.IntegerType, "long": T.LongType, "boolean": T.BooleanType,
-              "string": T.StringType}
+        raise ConfigError(
+            f"signature output {spec.describe()} has no batch dimension (unknown or "
+            "zero rank); export the model with a [None, ...] output shape"
+        )
+    simple = {
+        "float": T.FloatType,
+        "double": T.DoubleType,
+        "byte": T.ByteType,
+        "short": T.ShortType,
+        "integer": T.IntegerType,
+        "long": T.LongType,
+        "boolean": T.BooleanType,
+        "string": T.StringType,
+    }
     result: Any = simple[OUTPUT_TYPES[spec.dtype][1]]()
     for _ in spec.shape[1:]:
         result = T.ArrayType(result, containsNull=False)
@@ -189,25 +237,36 @@ def output_fields(plan: ServingPlan) -> list[Any]:
     """The StructFields TFModel appends, in ``output_mapping`` key order."""
     from pyspark.sql import types as T
 
-    return [T.StructField(o.column, spark_type(TensorSpec(o.tensor, o.dtype, o.shape)), False)
-            for o in plan.outputs]
+    return [T.StructField(o.column, spark_type(TensorSpec(o.tensor, o.dtype, o.shape)), False) for o in plan.outputs]
 
 
 def _check_feedable(schema: Any, bindings: tuple[InputBinding, ...]) -> None:
     """Spark ML vectors cannot be fed; say how to convert them before any job runs."""
     for b in bindings:
         if type(schema[b.column].dataType).__name__ == "VectorUDT":
-            raise InputError("a Spark ML vector column cannot be fed to a signature input; convert "
-                             "it with pyspark.ml.functions.vector_to_array", column=b.column)
+            raise InputError(
+                "a Spark ML vector column cannot be fed to a signature input; convert "
+                "it with pyspark.ml.functions.vector_to_array",
+                column=b.column,
+            )
 
 
-def plan_serving(schema: Any, *, export_dir: str | None, tag_set: str | None,
-                 signature_def_key: str | None, input_mapping: Mapping[str, str],
-                 output_mapping: Mapping[str, str], batch_size: int) -> ServingPlan:
+def plan_serving(
+    schema: Any,
+    *,
+    export_dir: str | None,
+    tag_set: str | None,
+    signature_def_key: str | None,
+    input_mapping: Mapping[str, str],
+    output_mapping: Mapping[str, str],
+    batch_size: int,
+) -> ServingPlan:
     """Read the signature, bind columns, and make the id executors cache the model under."""
     if not export_dir:
-        raise ConfigError("TFModel serves a SavedModel and needs export_dir. Received: export_dir=None; "
-                          "set it with setExportDir(path)")
+        raise ConfigError(
+            "TFModel serves a SavedModel and needs export_dir. Received: export_dir=None; "
+            "set it with setExportDir(path)"
+        )
     key = signature_def_key or "serving_default"
     location = savedmodel.resolve_export_dir(export_dir)
     graphs, digest = savedmodel.read_saved_model(location)
@@ -217,8 +276,9 @@ def plan_serving(schema: Any, *, export_dir: str | None, tag_set: str | None,
     _check_feedable(schema, inputs)
     outputs = bind_outputs(signature, output_mapping, columns)
     tags = tuple(t.strip() for t in tag_set.split(",") if t.strip()) if tag_set else None
-    return ServingPlan(savedmodel.model_key(location, tag_set, key, digest), location, tags, key,
-                       inputs, outputs, batch_size)
+    return ServingPlan(
+        savedmodel.model_key(location, tag_set, key, digest), location, tags, key, inputs, outputs, batch_size
+    )
 
 
 # ---- executor: Arrow -> numpy -> signature -> Arrow -----------------------------------------
@@ -234,30 +294,46 @@ def _fit_shape(values: np.ndarray, b: InputBinding, partition: int) -> np.ndarra
     known = [w for w in want if w is not None]
     if len(known) == len(want) and math.prod(got) == math.prod(known):
         return values.reshape((len(values), *known))
-    raise InputError(f"column values of shape {list(got)} per row do not fit signature input "
-                     f"{b.tensor!r} of shape {[None if w is None else w for w in want]} per row",
-                     column=b.column, partition=partition)
+    raise InputError(
+        f"column values of shape {list(got)} per row do not fit signature input "
+        f"{b.tensor!r} of shape {[None if w is None else w for w in want]} per row",
+        column=b.column,
+        partition=partition,
+    )
 
 
 def _fit_dtype(values: Any, b: InputBinding, partition: int) -> np.ndarray:
     """Values cast to the input's dtype where numpy allows a same-kind cast."""
     if b.dtype == "string":
         if isinstance(values, np.ndarray) and values.dtype != object:
-            raise InputError(f"column holds {values.dtype} values but signature input {b.tensor!r} "
-                             "takes strings", column=b.column, partition=partition)
+            raise InputError(
+                f"column holds {values.dtype} values but signature input {b.tensor!r} takes strings",
+                column=b.column,
+                partition=partition,
+            )
         return np.asarray(values, dtype=object)
     want = _INPUT_NUMPY.get(b.dtype)
     if want is None:
-        raise InputError(f"signature input {b.tensor!r} has dtype {b.dtype}, which no column can feed",
-                         column=b.column, partition=partition)
+        raise InputError(
+            f"signature input {b.tensor!r} has dtype {b.dtype}, which no column can feed",
+            column=b.column,
+            partition=partition,
+        )
     if not isinstance(values, np.ndarray) or values.dtype == object:
-        raise InputError(f"column holds text or binary values but signature input {b.tensor!r} "
-                         f"takes {b.dtype}", column=b.column, partition=partition)
+        raise InputError(
+            f"column holds text or binary values but signature input {b.tensor!r} takes {b.dtype}",
+            column=b.column,
+            partition=partition,
+        )
     if values.dtype == want:
         return values
     if not np.can_cast(values.dtype, want, casting="same_kind"):
-        raise InputError(f"column holds {values.dtype} values but signature input {b.tensor!r} takes "
-                         f"{b.dtype}; cast the column first", column=b.column, partition=partition)
+        raise InputError(
+            f"column holds {values.dtype} values but signature input {b.tensor!r} takes "
+            f"{b.dtype}; cast the column first",
+            column=b.column,
+            partition=partition,
+        )
     return values.astype(want)
 
 
@@ -288,9 +364,11 @@ def predict(fn: Any, inputs: Mapping[str, np.ndarray], plan: ServingPlan, rows: 
         for o in plan.outputs:
             value = result[o.tensor].numpy()
             if value.ndim == 0 or value.shape[0] != stop - start:
-                raise ConfigError(f"signature output {o.tensor!r} returned shape {list(value.shape)} "
-                                  f"for a batch of {stop - start} rows; TFModel needs one output row "
-                                  "per input row (a leading batch dimension)")
+                raise ConfigError(
+                    f"signature output {o.tensor!r} returned shape {list(value.shape)} "
+                    f"for a batch of {stop - start} rows; TFModel needs one output row "
+                    "per input row (a leading batch dimension)"
+                )
             parts[o.tensor].append(value)
     return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in parts.items()}
 
@@ -314,8 +392,9 @@ def outputs_to_arrow(values: np.ndarray, o: OutputBinding) -> Any:
     numpy_type, _ = OUTPUT_TYPES[o.dtype]
     flat_values = values.reshape(-1)
     if o.dtype == "string":
-        flat = pa.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-                         for v in flat_values], type=pa.string())
+        flat = pa.array(
+            [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat_values], type=pa.string()
+        )
     else:
         flat = pa.array(flat_values.astype(numpy_type, copy=False))
     return _nest(flat, values.shape)
@@ -323,13 +402,17 @@ def outputs_to_arrow(values: np.ndarray, o: OutputBinding) -> Any:
 
 def _empty_outputs(plan: ServingPlan) -> dict[str, np.ndarray]:
     """Zero-row outputs (unknown dimensions as 0) for an empty record batch."""
-    return {o.tensor: np.zeros((0, *[d or 0 for d in o.shape[1:]]),
-                               dtype=object if o.dtype == "string" else OUTPUT_TYPES[o.dtype][0])
-            for o in plan.outputs}
+    return {
+        o.tensor: np.zeros(
+            (0, *[d or 0 for d in o.shape[1:]]), dtype=object if o.dtype == "string" else OUTPUT_TYPES[o.dtype][0]
+        )
+        for o in plan.outputs
+    }
 
 
-def _serve(arrays: list[Any], plan: ServingPlan, partition: int, first_row: int,
-           fn: Any) -> tuple[dict[str, np.ndarray], Any]:
+def _serve(
+    arrays: list[Any], plan: ServingPlan, partition: int, first_row: int, fn: Any
+) -> tuple[dict[str, np.ndarray], Any]:
     """Outputs for one batch of input arrays (in ``plan.inputs`` order); loads the model once."""
     rows = len(arrays[0]) if arrays else 0
     if rows == 0:

@@ -59,8 +59,18 @@ MODEL_DEFAULTS: dict[str, Any] = {
 }
 
 
-class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir,
-              HasExportDir, HasSignatureDefKey, HasTagSet, TFPersistence):
+class TFModel(
+    Model,
+    TFParams,
+    HasInputMapping,
+    HasOutputMapping,
+    HasBatchSize,
+    HasModelDir,
+    HasExportDir,
+    HasSignatureDefKey,
+    HasTagSet,
+    TFPersistence,
+):
     """Serves a SavedModel signature on a DataFrame (TFoS ``pipeline.TFModel``).
 
     ``tf_args`` (dict, argparse.Namespace, argv list or None) is kept for TFoS compatibility and
@@ -132,8 +142,7 @@ def _with_arrow_udf(dataset: Any, plan: ServingPlan) -> Any:
     return_type: Any = fields[0].dataType if len(fields) == 1 else StructType(fields)
     with warnings.catch_warnings():  # the UDF type is given explicitly, not by type hints
         warnings.filterwarnings("ignore", "It is preferred to specify type hints", UserWarning)
-        udf = arrow_udf(functools.partial(serve_arrays, plan=plan), return_type,
-                        ArrowUDFType.SCALAR_ITER)
+        udf = arrow_udf(functools.partial(serve_arrays, plan=plan), return_type, ArrowUDFType.SCALAR_ITER)
     result = udf(*[F.col(_quoted(b.column)) for b in plan.inputs])
     if len(fields) == 1:
         return dataset.withColumn(fields[0].name, result)

@@ -59,12 +59,14 @@ def _mapping(name: str) -> Converter:
 
     def convert(value: Any) -> dict[str, str]:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{name} must be a dict of str -> str. Received: {name}={value!r} "
-                              f"({type(value).__name__})")
+            raise ConfigError(
+                f"{name} must be a dict of str -> str. Received: {name}={value!r} ({type(value).__name__})"
+            )
         bad = {k: v for k, v in value.items() if not isinstance(k, str) or not isinstance(v, str)}
         if bad:
-            raise ConfigError(f"{name} must map strings to strings. Received: {name}={dict(value)!r} "
-                              f"with non-string entries {bad!r}")
+            raise ConfigError(
+                f"{name} must map strings to strings. Received: {name}={dict(value)!r} with non-string entries {bad!r}"
+            )
         return dict(value)
 
     return convert
@@ -99,8 +101,9 @@ def _input_mode(value: Any) -> int:
     try:
         return int(InputMode(value))
     except (ValueError, TypeError):
-        raise ConfigError("input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). "
-                          f"Received: input_mode={value!r}") from None
+        raise ConfigError(
+            f"input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: input_mode={value!r}"
+        ) from None
 
 
 def _master_node(value: Any) -> str:
@@ -180,8 +183,11 @@ class HasEpochs(Params):
 class HasFeedTimeout(Params):
     """``feed_timeout``: seconds a node may take no data before feeding fails (tfonspark)."""
 
-    feed_timeout = _param("feed_timeout", "Seconds a node may accept no data before the feed fails",
-                          _seconds("feed_timeout", positive=True))
+    feed_timeout = _param(
+        "feed_timeout",
+        "Seconds a node may accept no data before the feed fails",
+        _seconds("feed_timeout", positive=True),
+    )
 
     def setFeedTimeout(self, value: float) -> Any:  # noqa: N802
         return self._set(feed_timeout=value)
@@ -193,8 +199,11 @@ class HasFeedTimeout(Params):
 class HasGraceSecs(Params):
     """``grace_secs``: seconds to wait after the workers finished, before stopping the cluster."""
 
-    grace_secs = _param("grace_secs", "Number of seconds to wait after feeding data (for final "
-                        "tasks like exporting a saved_model)", _seconds("grace_secs", positive=False))
+    grace_secs = _param(
+        "grace_secs",
+        "Number of seconds to wait after feeding data (for final tasks like exporting a saved_model)",
+        _seconds("grace_secs", positive=False),
+    )
 
     def setGraceSecs(self, value: float) -> Any:  # noqa: N802
         return self._set(grace_secs=value)
@@ -206,8 +215,9 @@ class HasGraceSecs(Params):
 class HasInputMapping(Params):
     """``input_mapping``: DataFrame column -> tensor name (feed names, or signature inputs)."""
 
-    input_mapping = _param("input_mapping", "Mapping of input DataFrame column to input tensor",
-                           _mapping("input_mapping"))
+    input_mapping = _param(
+        "input_mapping", "Mapping of input DataFrame column to input tensor", _mapping("input_mapping")
+    )
 
     def setInputMapping(self, value: Mapping[str, str]) -> Any:  # noqa: N802
         return self._set(input_mapping=value)
@@ -256,8 +266,9 @@ class HasNumPS(Params):
     """``num_ps`` and ``driver_ps_nodes``: parameter servers, and whether they run on the driver."""
 
     num_ps = _param("num_ps", "Number of PS nodes in cluster", _integer("num_ps", 0))
-    driver_ps_nodes = Param(Params._dummy(), "driver_ps_nodes", "Run PS nodes on driver locally",
-                            typeConverter=TypeConverters.toBoolean)
+    driver_ps_nodes = Param(
+        Params._dummy(), "driver_ps_nodes", "Run PS nodes on driver locally", typeConverter=TypeConverters.toBoolean
+    )
 
     def setNumPS(self, value: int) -> Any:  # noqa: N802
         return self._set(num_ps=value)
@@ -275,8 +286,9 @@ class HasNumPS(Params):
 class HasOutputMapping(Params):
     """``output_mapping``: signature output name -> new DataFrame column."""
 
-    output_mapping = _param("output_mapping", "Mapping of output tensor to output DataFrame column",
-                            _mapping("output_mapping"))
+    output_mapping = _param(
+        "output_mapping", "Mapping of output tensor to output DataFrame column", _mapping("output_mapping")
+    )
 
     def setOutputMapping(self, value: Mapping[str, str]) -> Any:  # noqa: N802
         return self._set(output_mapping=value)
@@ -324,8 +336,9 @@ class HasSteps(Params):
 class HasTensorboard(Params):
     """``tensorboard``: start TensorBoard on the chief."""
 
-    tensorboard = Param(Params._dummy(), "tensorboard", "Launch tensorboard process",
-                        typeConverter=TypeConverters.toBoolean)
+    tensorboard = Param(
+        Params._dummy(), "tensorboard", "Launch tensorboard process", typeConverter=TypeConverters.toBoolean
+    )
 
     def setTensorboard(self, value: bool) -> Any:  # noqa: N802
         return self._set(tensorboard=value)
@@ -337,8 +350,11 @@ class HasTensorboard(Params):
 class HasTFRecordDir(Params):
     """``tfrecord_dir``: where InputMode.TENSORFLOW writes the DataFrame as TFRecords."""
 
-    tfrecord_dir = _param("tfrecord_dir", "Path to temporarily export a DataFrame as TFRecords "
-                          "(for InputMode.TENSORFLOW apps)", _string("tfrecord_dir"))
+    tfrecord_dir = _param(
+        "tfrecord_dir",
+        "Path to temporarily export a DataFrame as TFRecords (for InputMode.TENSORFLOW apps)",
+        _string("tfrecord_dir"),
+    )
 
     def setTFRecordDir(self, value: str) -> Any:  # noqa: N802
         return self._set(tfrecord_dir=value)
@@ -362,8 +378,9 @@ class HasExportDir(Params):
 class HasSignatureDefKey(Params):
     """``signature_def_key``: the SavedModel signature to serve (default ``serving_default``)."""
 
-    signature_def_key = _param("signature_def_key", "Identifier for a specific saved_model signature",
-                               _string("signature_def_key"))
+    signature_def_key = _param(
+        "signature_def_key", "Identifier for a specific saved_model signature", _string("signature_def_key")
+    )
 
     def setSignatureDefKey(self, value: str) -> Any:  # noqa: N802
         return self._set(signature_def_key=value)
@@ -375,8 +392,7 @@ class HasSignatureDefKey(Params):
 class HasTagSet(Params):
     """``tag_set``: comma-separated tags of the MetaGraph to load (None: the only one)."""
 
-    tag_set = _param("tag_set", "Comma-delimited list of tags identifying a saved_model metagraph",
-                     _string("tag_set"))
+    tag_set = _param("tag_set", "Comma-delimited list of tags identifying a saved_model metagraph", _string("tag_set"))
 
     def setTagSet(self, value: str) -> Any:  # noqa: N802
         return self._set(tag_set=value)
@@ -408,8 +424,10 @@ class Namespace:
         elif isinstance(d, (argparse.Namespace, Namespace)):
             self.__dict__.update(copy.copy(vars(d)))
         else:
-            raise ConfigError("tf_args must be a dict, an argparse.Namespace, a Namespace, an argv "
-                              f"list or None. Received: {type(d).__name__}")
+            raise ConfigError(
+                "tf_args must be a dict, an argparse.Namespace, a Namespace, an argv "
+                f"list or None. Received: {type(d).__name__}"
+            )
 
     def __getattr__(self, name: str) -> Any:
         """Only reached for a missing argument: say which arguments there are."""

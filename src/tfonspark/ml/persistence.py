@@ -73,8 +73,7 @@ __all__ = [
 #: The extra metadata fields that hold functions (an old save has them as a bare base64 pickle).
 FUNCTION_FIELDS = ("train_fn", "export_fn")
 
-_ALLOW_PICKLE: contextvars.ContextVar[bool] = contextvars.ContextVar("tfonspark_allow_pickle",
-                                                                      default=False)
+_ALLOW_PICKLE: contextvars.ContextVar[bool] = contextvars.ContextVar("tfonspark_allow_pickle", default=False)
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _REFERENCE = re.compile(rf"({_NAME}(?:\.{_NAME})*):({_NAME}(?:\.{_NAME})*)")
 
@@ -86,13 +85,18 @@ def _parse_reference(text: Any) -> tuple[str, str] | None:
         return None
     return match.group(1), match.group(2)
 
-_OPT_IN_LOAD = ("load it with {cls}.load(path, allow_pickle=True) or "
-                "{cls}.read().allowPickle().load(path); inside a Pipeline/PipelineModel, load "
-                "within `with tfonspark.ml.persistence.allow_pickle(): PipelineModel.load(path)`")
-_OPT_IN_SAVE = ("save with allow_pickle=True: stage.save(path, allow_pickle=True), "
-                "stage.write().allowPickle().save(path), or for a Pipeline/PipelineModel "
-                "`with tfonspark.ml.persistence.allow_pickle(): pipeline.save(path)` (loading it "
-                "then needs the same opt-in, since unpickling runs code)")
+
+_OPT_IN_LOAD = (
+    "load it with {cls}.load(path, allow_pickle=True) or "
+    "{cls}.read().allowPickle().load(path); inside a Pipeline/PipelineModel, load "
+    "within `with tfonspark.ml.persistence.allow_pickle(): PipelineModel.load(path)`"
+)
+_OPT_IN_SAVE = (
+    "save with allow_pickle=True: stage.save(path, allow_pickle=True), "
+    "stage.write().allowPickle().save(path), or for a Pipeline/PipelineModel "
+    "`with tfonspark.ml.persistence.allow_pickle(): pipeline.save(path)` (loading it "
+    "then needs the same opt-in, since unpickling runs code)"
+)
 
 
 @contextlib.contextmanager
@@ -133,9 +137,11 @@ def _unpickle(text: str) -> Any:
 
 
 def _refused(field: str) -> ConfigError:
-    return ConfigError(f"saved field {field!r} holds a pickle, and unpickling runs arbitrary code, "
-                       "so it is refused unless you opt in with allow_pickle=True (only for files "
-                       "you trust)")
+    return ConfigError(
+        f"saved field {field!r} holds a pickle, and unpickling runs arbitrary code, "
+        "so it is refused unless you opt in with allow_pickle=True (only for files "
+        "you trust)"
+    )
 
 
 # ---- tf_args ------------------------------------------------------------------------------------
@@ -160,9 +166,11 @@ def encode_args(args: Namespace, allow_pickle: bool = False) -> dict[str, Any]:
     if allow_pickle:
         return {"pickle": _pickle(value)}
     bad = {k: type(v).__name__ for k, v in value.items() if not _json_safe({k: v})}
-    raise ConfigError(f"tf_args cannot be saved as JSON: {bad} (argument: type) are not "
-                      "JSON-serializable. Make them JSON values (e.g. a list instead of a set, a "
-                      f"string instead of an object), or {_OPT_IN_SAVE}")
+    raise ConfigError(
+        f"tf_args cannot be saved as JSON: {bad} (argument: type) are not "
+        "JSON-serializable. Make them JSON values (e.g. a list instead of a set, a "
+        f"string instead of an object), or {_OPT_IN_SAVE}"
+    )
 
 
 def decode_args(encoded: dict[str, Any] | None, allow_pickle: bool = False) -> Namespace:
@@ -208,8 +216,7 @@ def _reference(fn: Any) -> tuple[str | None, str]:
     if module in ("__main__", "__mp_main__"):
         return None, "it is defined in __main__ (a notebook or script), which a loader cannot import"
     if _parse_reference(f"{module}:{qualname}") is None:
-        return None, (f"{qualname!r} is a lambda, nested in a function or a dunder name, not a "
-                      "plain module-level name")
+        return None, (f"{qualname!r} is a lambda, nested in a function or a dunder name, not a plain module-level name")
     try:
         resolved = _resolve(module, qualname)
     except (ImportError, AttributeError) as err:
@@ -232,9 +239,11 @@ def encode_function(fn: Any, allow_pickle: bool = False, field: str = "function"
         return {"ref": reference}
     if allow_pickle:
         return {"pickle": _pickle(fn)}
-    raise ConfigError(f"{field}={fn!r} cannot be saved without pickling it: {why}. Define it at "
-                      "the top level of an importable module (it is then saved as module:qualname "
-                      f"and imported on load), or {_OPT_IN_SAVE}")
+    raise ConfigError(
+        f"{field}={fn!r} cannot be saved without pickling it: {why}. Define it at "
+        "the top level of an importable module (it is then saved as module:qualname "
+        f"and imported on load), or {_OPT_IN_SAVE}"
+    )
 
 
 def decode_function(encoded: Any, allow_pickle: bool = False, field: str = "function") -> Any:
@@ -254,26 +263,32 @@ def decode_function(encoded: Any, allow_pickle: bool = False, field: str = "func
     reference = encoded.get("ref") if isinstance(encoded, dict) else None
     parsed = _parse_reference(reference)
     if parsed is None:
-        raise ConfigError(f"saved field {field!r} is not {{'ref': 'module:qualname'}} (plain, "
-                          f"non-dunder names). Received: {encoded!r:.200}")
+        raise ConfigError(
+            f"saved field {field!r} is not {{'ref': 'module:qualname'}} (plain, "
+            f"non-dunder names). Received: {encoded!r:.200}"
+        )
     module, qualname = parsed
     try:
         fn = _resolve(module, qualname)
     except (ImportError, AttributeError) as err:
-        raise ConfigError(f"saved {field} {reference!r} cannot be loaded: {err}. The module must "
-                          "be importable where the estimator is loaded") from err
-    if (not callable(fn) or getattr(fn, "__module__", None) != module
-            or getattr(fn, "__qualname__", None) != qualname):
-        raise ConfigError(f"saved {field} {reference!r} does not name a function defined there "
-                          f"(found {type(fn).__name__})")
+        raise ConfigError(
+            f"saved {field} {reference!r} cannot be loaded: {err}. The module must "
+            "be importable where the estimator is loaded"
+        ) from err
+    if not callable(fn) or getattr(fn, "__module__", None) != module or getattr(fn, "__qualname__", None) != qualname:
+        raise ConfigError(
+            f"saved {field} {reference!r} does not name a function defined there (found {type(fn).__name__})"
+        )
     return fn
 
 
 def pickled_fields(metadata: dict[str, Any]) -> list[str]:
     """The top-level fields of saved metadata that hold a pickle (checked before decoding)."""
-    return sorted(name for name, value in metadata.items()
-                  if (isinstance(value, dict) and "pickle" in value)
-                  or (name in FUNCTION_FIELDS and isinstance(value, str)))
+    return sorted(
+        name
+        for name, value in metadata.items()
+        if (isinstance(value, dict) and "pickle" in value) or (name in FUNCTION_FIELDS and isinstance(value, str))
+    )
 
 
 # ---- reader and writer --------------------------------------------------------------------------
@@ -313,16 +328,20 @@ class _Reader(DefaultParamsReader):
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata["class"] != expected:
-            raise ConfigError(f"{path!r} holds a saved {metadata['class']}, not a {expected}; load it "
-                              "with that class (or pyspark.ml.Pipeline(Model).load for a pipeline)")
+            raise ConfigError(
+                f"{path!r} holds a saved {metadata['class']}, not a {expected}; load it "
+                "with that class (or pyspark.ml.Pipeline(Model).load for a pipeline)"
+            )
         allow = self._allow_pickle or pickle_allowed()
         pickled = pickled_fields(metadata)
         if pickled and not allow:
             opt_in = _OPT_IN_LOAD.format(cls=self.cls.__name__)
-            raise ConfigError(f"{path!r} holds a saved {self.cls.__name__} whose field(s) "
-                              f"{pickled} hold a pickle. Unpickling runs arbitrary code (a tampered "
-                              "file can run any command), so it is refused by default. If you "
-                              f"trust this file, {opt_in}")
+            raise ConfigError(
+                f"{path!r} holds a saved {self.cls.__name__} whose field(s) "
+                f"{pickled} hold a pickle. Unpickling runs arbitrary code (a tampered "
+                "file can run any command), so it is refused by default. If you "
+                f"trust this file, {opt_in}"
+            )
         instance = self.cls._from_metadata(metadata, allow_pickle=allow)  # type: ignore[attr-defined]
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

@@ -40,9 +40,24 @@ VARIABLES_INDEX = "variables/variables.index"
 
 #: ``tensorflow.DataType`` enum values -> dtype names (those a DataFrame column can carry).
 DTYPES: dict[int, str] = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
-    8: "complex64", 9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128",
-    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    7: "string",
+    8: "complex64",
+    9: "int64",
+    10: "bool",
+    14: "bfloat16",
+    17: "uint16",
+    18: "complex128",
+    19: "float16",
+    20: "resource",
+    21: "variant",
+    22: "uint32",
+    23: "uint64",
 }
 
 _UUID_NAMESPACE = uuid.UUID("6f0e4c1e-5a3b-4f57-9d1c-7c2a4f1b2e90")
@@ -57,8 +72,7 @@ class TensorSpec:
     shape: tuple[int | None, ...] | None
 
     def describe(self) -> str:
-        dims = "?" if self.shape is None else "[" + ", ".join(
-            "None" if d is None else str(d) for d in self.shape) + "]"
+        dims = "?" if self.shape is None else "[" + ", ".join("None" if d is None else str(d) for d in self.shape) + "]"
         return f"{self.name}: {self.dtype}{dims}"
 
 
@@ -99,7 +113,8 @@ def _saved_model_class() -> Any:
 
     package = "tfonspark.private.savedmodel"
     fdp = descriptor_pb2.FileDescriptorProto(
-        name="tfonspark_private_savedmodel.proto", package=package, syntax="proto3")
+        name="tfonspark_private_savedmodel.proto", package=package, syntax="proto3"
+    )
     f = descriptor_pb2.FieldDescriptorProto
 
     def message(name: str, fields: list[tuple[str, int, int, int, str]], parent: Any = None) -> Any:
@@ -111,27 +126,50 @@ def _saved_model_class() -> Any:
         return msg
 
     opt, rep = f.LABEL_OPTIONAL, f.LABEL_REPEATED
-    shape = message("TensorShape", [("dim", 2, rep, f.TYPE_MESSAGE, "TensorShape.Dim"),
-                                    ("unknown_rank", 3, opt, f.TYPE_BOOL, "")])
+    shape = message(
+        "TensorShape", [("dim", 2, rep, f.TYPE_MESSAGE, "TensorShape.Dim"), ("unknown_rank", 3, opt, f.TYPE_BOOL, "")]
+    )
     message("Dim", [("size", 1, opt, f.TYPE_INT64, "")], parent=shape)
-    message("TensorInfo", [("name", 1, opt, f.TYPE_STRING, ""), ("dtype", 2, opt, f.TYPE_INT32, ""),
-                           ("tensor_shape", 3, opt, f.TYPE_MESSAGE, "TensorShape")])
-    sig = message("SignatureDef", [
-        ("inputs", 1, rep, f.TYPE_MESSAGE, "SignatureDef.InputsEntry"),
-        ("outputs", 2, rep, f.TYPE_MESSAGE, "SignatureDef.OutputsEntry"),
-        ("method_name", 3, opt, f.TYPE_STRING, "")])
+    message(
+        "TensorInfo",
+        [
+            ("name", 1, opt, f.TYPE_STRING, ""),
+            ("dtype", 2, opt, f.TYPE_INT32, ""),
+            ("tensor_shape", 3, opt, f.TYPE_MESSAGE, "TensorShape"),
+        ],
+    )
+    sig = message(
+        "SignatureDef",
+        [
+            ("inputs", 1, rep, f.TYPE_MESSAGE, "SignatureDef.InputsEntry"),
+            ("outputs", 2, rep, f.TYPE_MESSAGE, "SignatureDef.OutputsEntry"),
+            ("method_name", 3, opt, f.TYPE_STRING, ""),
+        ],
+    )
     for entry in ("InputsEntry", "OutputsEntry"):
-        message(entry, [("key", 1, opt, f.TYPE_STRING, ""),
-                        ("value", 2, opt, f.TYPE_MESSAGE, "TensorInfo")], parent=sig).options.map_entry = True
+        message(
+            entry, [("key", 1, opt, f.TYPE_STRING, ""), ("value", 2, opt, f.TYPE_MESSAGE, "TensorInfo")], parent=sig
+        ).options.map_entry = True
     message("MetaInfoDef", [("tags", 4, rep, f.TYPE_STRING, "")])
-    meta = message("MetaGraphDef", [
-        ("meta_info_def", 1, opt, f.TYPE_MESSAGE, "MetaInfoDef"),
-        ("signature_def", 5, rep, f.TYPE_MESSAGE, "MetaGraphDef.SignatureDefEntry")])
-    message("SignatureDefEntry", [("key", 1, opt, f.TYPE_STRING, ""),
-                                  ("value", 2, opt, f.TYPE_MESSAGE, "SignatureDef")],
-            parent=meta).options.map_entry = True
-    message("SavedModel", [("saved_model_schema_version", 1, opt, f.TYPE_INT64, ""),
-                           ("meta_graphs", 2, rep, f.TYPE_MESSAGE, "MetaGraphDef")])
+    meta = message(
+        "MetaGraphDef",
+        [
+            ("meta_info_def", 1, opt, f.TYPE_MESSAGE, "MetaInfoDef"),
+            ("signature_def", 5, rep, f.TYPE_MESSAGE, "MetaGraphDef.SignatureDefEntry"),
+        ],
+    )
+    message(
+        "SignatureDefEntry",
+        [("key", 1, opt, f.TYPE_STRING, ""), ("value", 2, opt, f.TYPE_MESSAGE, "SignatureDef")],
+        parent=meta,
+    ).options.map_entry = True
+    message(
+        "SavedModel",
+        [
+            ("saved_model_schema_version", 1, opt, f.TYPE_INT64, ""),
+            ("meta_graphs", 2, rep, f.TYPE_MESSAGE, "MetaGraphDef"),
+        ],
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.SavedModel"))
@@ -157,9 +195,11 @@ def parse_saved_model(data: bytes, path: str = SAVED_MODEL_FILE) -> list[MetaGra
     graphs = []
     for mg in proto.meta_graphs:
         signatures = {
-            key: Signature(key,
-                           tuple(_spec(n, sd.inputs[n]) for n in sorted(sd.inputs)),
-                           tuple(_spec(n, sd.outputs[n]) for n in sorted(sd.outputs)))
+            key: Signature(
+                key,
+                tuple(_spec(n, sd.inputs[n]) for n in sorted(sd.inputs)),
+                tuple(_spec(n, sd.outputs[n]) for n in sorted(sd.outputs)),
+            )
             for key, sd in mg.signature_def.items()
         }
         graphs.append(MetaGraph(frozenset(mg.meta_info_def.tags), signatures))
@@ -214,16 +254,17 @@ def read_saved_model(export_dir: str) -> tuple[list[MetaGraph], str]:
     root = export_dir.rstrip("/")
     data = _read_file(f"{root}/{SAVED_MODEL_FILE}")
     if data is None:
-        raise ConfigError(f"export_dir holds no SavedModel ({SAVED_MODEL_FILE} not found); set "
-                          f"export_dir to a directory written by tf.saved_model.save or "
-                          f"tfonspark.TFNode.export_saved_model. Received: export_dir={export_dir!r}")
+        raise ConfigError(
+            f"export_dir holds no SavedModel ({SAVED_MODEL_FILE} not found); set "
+            f"export_dir to a directory written by tf.saved_model.save or "
+            f"tfonspark.TFNode.export_saved_model. Received: export_dir={export_dir!r}"
+        )
     digest = hashlib.sha256(data)
     digest.update(_read_file(f"{root}/{VARIABLES_INDEX}") or b"")
     return parse_saved_model(data, f"{root}/{SAVED_MODEL_FILE}"), digest.hexdigest()
 
 
-def select_signature(graphs: list[MetaGraph], tag_set: str | None, key: str,
-                     export_dir: str = "") -> Signature:
+def select_signature(graphs: list[MetaGraph], tag_set: str | None, key: str, export_dir: str = "") -> Signature:
     """The signature ``key`` of the MetaGraph with exactly the tags in ``tag_set``.
 
     ``tag_set`` is comma-separated; None picks the only MetaGraph (as ``tf.saved_model.load``
@@ -232,19 +273,25 @@ def select_signature(graphs: list[MetaGraph], tag_set: str | None, key: str,
     available = [",".join(sorted(g.tags)) for g in graphs]
     if tag_set is None:
         if len(graphs) != 1:
-            raise ConfigError(f"the SavedModel in {export_dir!r} has {len(graphs)} MetaGraphs; pick "
-                              f"one with tag_set. Available tag sets: {available}")
+            raise ConfigError(
+                f"the SavedModel in {export_dir!r} has {len(graphs)} MetaGraphs; pick "
+                f"one with tag_set. Available tag sets: {available}"
+            )
         graph = graphs[0]
     else:
         wanted = frozenset(t.strip() for t in tag_set.split(",") if t.strip())
         match = [g for g in graphs if g.tags == wanted]
         if not match:
-            raise ConfigError(f"no MetaGraph with tag_set={tag_set!r} in the SavedModel in "
-                              f"{export_dir!r}. Available tag sets: {available}")
+            raise ConfigError(
+                f"no MetaGraph with tag_set={tag_set!r} in the SavedModel in "
+                f"{export_dir!r}. Available tag sets: {available}"
+            )
         graph = match[0]
     if key not in graph.signatures:
-        raise ConfigError(f"signature_def_key={key!r} is not a signature of the SavedModel in "
-                          f"{export_dir!r}. Available: {sorted(k for k in graph.signatures if not k.startswith('__'))}")
+        raise ConfigError(
+            f"signature_def_key={key!r} is not a signature of the SavedModel in "
+            f"{export_dir!r}. Available: {sorted(k for k in graph.signatures if not k.startswith('__'))}"
+        )
     return graph.signatures[key]
 
 
@@ -255,5 +302,4 @@ def strip_port(name: str) -> str:
 
 def model_key(export_dir: str, tag_set: str | None, signature_def_key: str, digest: str) -> str:
     """The driver-made id executors cache the loaded signature under (same content, same id)."""
-    return str(uuid.uuid5(_UUID_NAMESPACE, "\0".join((export_dir, tag_set or "", signature_def_key,
-                                                       digest))))
+    return str(uuid.uuid5(_UUID_NAMESPACE, "\0".join((export_dir, tag_set or "", signature_def_key, digest))))

@@ -88,21 +88,43 @@ class StandaloneCluster:
         self._dir = tempfile.mkdtemp(prefix="tfos-standalone-")
 
     def _spawn(self, name: str, *args: str) -> None:
-        env = dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
-                   SPARK_WORKER_DIR=os.path.join(self._dir, "work"),
-                   SPARK_LOG_DIR=self._dir, SPARK_NO_DAEMONIZE="1")
+        env = dict(
+            os.environ,
+            SPARK_HOME=spark_home(),
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_WORKER_DIR=os.path.join(self._dir, "work"),
+            SPARK_LOG_DIR=self._dir,
+            SPARK_NO_DAEMONIZE="1",
+        )
         log = open(os.path.join(self._dir, f"{name}.log"), "wb")  # noqa: SIM115 (closed by process)
         cmd = [os.path.join(spark_home(), "bin", "spark-class"), *args]
-        self._procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True))
+        self._procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
-        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--webui-port", str(self.ui_port))
+        self._spawn(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
         for i in range(self.workers):
-            self._spawn(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url,
-                        "--host", "127.0.0.1", "-c", str(self.cores), "-m", self.memory,
-                        "--webui-port", str(_free_port()))
+            self._spawn(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                self.url,
+                "--host",
+                "127.0.0.1",
+                "-c",
+                str(self.cores),
+                "-m",
+                self.memory,
+                "--webui-port",
+                str(_free_port()),
+            )
         self._wait_for_workers(timeout)
         return self
 
@@ -203,7 +225,7 @@ def _expected_executors(kind: str) -> int:
     if kind.startswith("standalone:"):
         return int(kind.split(":", 1)[1])
     if kind.startswith("local-cluster["):
-        return int(kind[len("local-cluster["):].split(",")[0])
+        return int(kind[len("local-cluster[") :].split(",")[0])
     return 0
 
 

@@ -77,8 +77,9 @@ class NodeContext:
             self.tmp_socket.close()
             self.tmp_socket = None
 
-    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input",
-                      qname_out: str = "output", input_mapping: Any = None) -> Any:
+    def get_data_feed(
+        self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output", input_mapping: Any = None
+    ) -> Any:
         """A :class:`~tfonspark.tfprocess.datafeed.DataFeed` on this node's fed data."""
         from .datafeed import DataFeed
 
@@ -95,5 +96,7 @@ class NodeContext:
         return export_saved_model(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return (f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
-                f"task_index={self.task_index}, num_workers={self.num_workers})")
+        return (
+            f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
+            f"task_index={self.task_index}, num_workers={self.num_workers})"
+        )

@@ -32,8 +32,9 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
                 columns.append(np.concatenate(pieces))
                 continue
             except ValueError:
-                raise InputError(f"batches disagree on the shape of column {j}: "
-                                 f"{[p.shape[1:] for p in pieces]}", column=j) from None
+                raise InputError(
+                    f"batches disagree on the shape of column {j}: {[p.shape[1:] for p in pieces]}", column=j
+                ) from None
         columns.append([v for p in pieces for v in p])
     return ColumnBatch(columns, first.layout, first.names)
 
@@ -41,8 +42,14 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
 class DataFeed:
     """Reads batches fed by ``Cluster.train``/``inference`` on this node."""
 
-    def __init__(self, mgr: Any, train_mode: bool = True, qname_in: str = "input",
-                 qname_out: str = "output", input_mapping: Mapping[str, str] | list[str] | None = None) -> None:
+    def __init__(
+        self,
+        mgr: Any,
+        train_mode: bool = True,
+        qname_in: str = "input",
+        qname_out: str = "output",
+        input_mapping: Mapping[str, str] | list[str] | None = None,
+    ) -> None:
         self.server = require_server(mgr)
         self.train_mode = train_mode
         self.qname_in = qname_in
@@ -116,14 +123,19 @@ class DataFeed:
         for position, (column, tensor) in enumerate(sorted(self.input_mapping.items())):
             if batch.names is not None:
                 if column not in batch.names:
-                    raise InputError(f"input_mapping names column {column!r} but the fed data has "
-                                     f"columns {batch.names}", column=column)
+                    raise InputError(
+                        f"input_mapping names column {column!r} but the fed data has columns {batch.names}",
+                        column=column,
+                    )
                 out[tensor] = batch.columns[batch.names.index(column)]
             elif position < len(batch.columns) and batch.layout != "scalar":
                 out[tensor] = batch.columns[position]
             else:
-                raise InputError(f"input_mapping has {len(self.input_mapping)} columns but fed rows "
-                                 f"have {len(batch.columns)} unnamed fields", column=column)
+                raise InputError(
+                    f"input_mapping has {len(self.input_mapping)} columns but fed rows "
+                    f"have {len(batch.columns)} unnamed fields",
+                    column=column,
+                )
         return out
 
     def should_stop(self) -> bool:
@@ -135,8 +147,10 @@ class DataFeed:
         stream, count = self._last
         n = len(results)
         if n != count:
-            raise InputError(f"batch_results received {n} results for a batch of {count} rows; "
-                             "return exactly one result per input row")
+            raise InputError(
+                f"batch_results received {n} results for a batch of {count} rows; "
+                "return exactly one result per input row"
+            )
         if stream is None or n == 0:
             return
         if isinstance(results, np.ndarray):
@@ -162,8 +176,10 @@ class DataFeed:
 
         if output_signature is None:
             if not self._fill():
-                raise InputError("the feed ended before any data arrived, so the dataset's element "
-                                 "spec is unknown; pass output_signature=...")
+                raise InputError(
+                    "the feed ended before any data arrived, so the dataset's element "
+                    "spec is unknown; pass output_signature=..."
+                )
             assert self._pending is not None
             output_signature = _signature(self._structure(_arrays(self._pending[1])))
 
@@ -175,8 +191,7 @@ class DataFeed:
                 if batch is None:
                     return
                 values = tf.nest.flatten(self._structure(_arrays(batch)))
-                yield tf.nest.pack_sequence_as(
-                    output_signature, [_cast(v, s) for v, s in zip(values, flat_specs)])
+                yield tf.nest.pack_sequence_as(output_signature, [_cast(v, s) for v, s in zip(values, flat_specs)])
 
         return tf.data.Dataset.from_generator(batches, output_signature=output_signature)
 
@@ -197,8 +212,10 @@ def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[st
         return {name: name for name in mapping}
     if isinstance(mapping, Mapping):
         return dict(mapping)
-    raise InputError(f"input_mapping must be a dict of column -> tensor name or a list of columns. "
-                     f"Received: {type(mapping).__name__}")
+    raise InputError(
+        f"input_mapping must be a dict of column -> tensor name or a list of columns. "
+        f"Received: {type(mapping).__name__}"
+    )
 
 
 def _arrays(batch: ColumnBatch) -> ColumnBatch:
@@ -217,7 +234,11 @@ def _signature(structure: Any) -> Any:
             return tf.TensorSpec((None,), tf.string)
         raise InputError(f"column of {type(col[0]).__name__} values cannot become a tensor")
 
-    return tf.nest.map_structure(spec, structure, check_types=False) if not isinstance(structure, np.ndarray) else spec(structure)
+    return (
+        tf.nest.map_structure(spec, structure, check_types=False)
+        if not isinstance(structure, np.ndarray)
+        else spec(structure)
+    )
 
 
 def _cast(value: Any, spec: Any) -> Any:
@@ -231,8 +252,9 @@ def _cast(value: Any, spec: Any) -> Any:
     raise InputError(f"a fed batch has dtype {value.dtype} where the dataset expects {spec.dtype.name}")
 
 
-def feed_dataset(ctx: Any, batch_size: int, qname: str = "input", input_mapping: Any = None,
-                 output_signature: Any = None) -> Any:
+def feed_dataset(
+    ctx: Any, batch_size: int, qname: str = "input", input_mapping: Any = None, output_signature: Any = None
+) -> Any:
     """``tf.data.Dataset`` over the data fed to this node: ``ctx.get_data_feed(...).as_dataset(...)``."""
     feed = DataFeed(ctx.mgr, True, qname, input_mapping=input_mapping)
     return feed.as_dataset(batch_size, output_signature)

@@ -73,8 +73,9 @@ def _event_sink(status: IO[str]) -> Any:
 
     def on_event(kind: str, detail: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # never break a feed-server thread over a report
-            _emit(status, "node_event", kind=str(kind),
-                  detail=detail if isinstance(detail, dict) else {"value": detail})
+            _emit(
+                status, "node_event", kind=str(kind), detail=detail if isinstance(detail, dict) else {"value": detail}
+            )
 
     return on_event
 
@@ -85,8 +86,9 @@ def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status
     from .feedserver import FeedServer
 
     with _cleanup_lock:
-        feed = FeedServer(config.secret, buffer_bytes=config.feed_buffer_bytes, host=bind_host,
-                          on_event=_event_sink(status))
+        feed = FeedServer(
+            config.secret, buffer_bytes=config.feed_buffer_bytes, host=bind_host, on_event=_event_sink(status)
+        )
         _State.feed_path = feed.unix_path
     if feed.unix_path:
         _emit(status, "feed", data_path=feed.unix_path)
@@ -107,8 +109,9 @@ def _start_tensorboard(config: NodeConfig, ctx: NodeContext, host: str, bind_hos
         return ""
     from .tensorboard import start_tensorboard
 
-    return start_tensorboard(config.log_dir or ctx.absolute_path("tensorboard"), host,
-                             config.tensorboard_port, bind_host=bind_host)
+    return start_tensorboard(
+        config.log_dir or ctx.absolute_path("tensorboard"), host, config.tensorboard_port, bind_host=bind_host
+    )
 
 
 def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
@@ -122,16 +125,27 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
     try:
         feed = _start_feed_server(config, header["job_name"], bind_host, status)
         ctx = NodeContext(
-            executor_id=header["executor_id"], job_name=header["job_name"],
-            task_index=header["task_index"], cluster_spec=header["cluster_spec"],
-            default_fs=config.default_fs, working_dir=header["working_dir"], mgr=feed,
-            tmp_socket=tmp_socket)
+            executor_id=header["executor_id"],
+            job_name=header["job_name"],
+            task_index=header["task_index"],
+            cluster_spec=header["cluster_spec"],
+            default_fs=config.default_fs,
+            working_dir=header["working_dir"],
+            mgr=feed,
+            tmp_socket=tmp_socket,
+        )
         ctx.tensorboard_url = _start_tensorboard(config, ctx, host, bind_host)
         if config.release_port:
             ctx.release_port()
         map_fun, tf_args = cloudpickle.loads(payload)
-        _emit(status, "up", host=host, data_port=feed.port if feed else 0,
-              data_path=feed.unix_path if feed else "", tensorboard_url=ctx.tensorboard_url)
+        _emit(
+            status,
+            "up",
+            host=host,
+            data_port=feed.port if feed else 0,
+            data_path=feed.unix_path if feed else "",
+            tensorboard_url=ctx.tensorboard_url,
+        )
         try:
             map_fun(tf_args, ctx)
         except BaseException:

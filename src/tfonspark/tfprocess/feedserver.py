@@ -65,8 +65,12 @@ class Stream:
         except OSError as exc:
             # the feed task failed, was cancelled, its executor died, or it stopped reading for
             # feed_timeout; map_fun must keep serving the other partitions
-            log.warning("feed server: results for partition %s dropped, its feeder is gone or "
-                        "stopped reading for %.0fs (%s)", self.partition, self.timeout, exc)
+            log.warning(
+                "feed server: results for partition %s dropped, its feeder is gone or stopped reading for %.0fs (%s)",
+                self.partition,
+                self.timeout,
+                exc,
+            )
             self.abandon()
             return
         with self._lock:
@@ -129,8 +133,10 @@ class ByteQueue:
         """Block while full (up to ``timeout``); False if the queue was aborted (item dropped)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self._wait(lambda: nbytes > 0 and self.nbytes > 0
-                       and self.nbytes + self.reserved + nbytes > self.capacity, deadline)
+            self._wait(
+                lambda: nbytes > 0 and self.nbytes > 0 and self.nbytes + self.reserved + nbytes > self.capacity,
+                deadline,
+            )
             if self.aborted:
                 return False
             self._items.append((stream, item, nbytes))
@@ -301,8 +307,13 @@ class FeedServer:
     was already delivered is read and dropped, then acknowledged.
     """
 
-    def __init__(self, secret: bytes, buffer_bytes: int = 64 * 1024 * 1024, host: str = "127.0.0.1",
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        buffer_bytes: int = 64 * 1024 * 1024,
+        host: str = "127.0.0.1",
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.secret = secret
         self.buffer_bytes = buffer_bytes
         self.on_event = on_event or (lambda kind, detail: None)
@@ -323,8 +334,7 @@ class FeedServer:
         # feeders on other executors: signed TCP; on this executor: the private Unix socket
         self._listeners = [Listener(sock, secret, self._serve, name="tfos-feed")]
         if unix is not None:
-            self._listeners.append(Listener(unix, secret, self._serve, signed=False,
-                                            name="tfos-feed-unix"))
+            self._listeners.append(Listener(unix, secret, self._serve, signed=False, name="tfos-feed-unix"))
 
     def queue(self, qname: str) -> ByteQueue:
         with self._lock:
@@ -361,8 +371,7 @@ class FeedServer:
             self._streams.add(stream)
         keep_open = False
         try:
-            keep_open = (self._receive_train(stream, queue) if start.train
-                         else self._receive_inference(stream, queue))
+            keep_open = self._receive_train(stream, queue) if start.train else self._receive_inference(stream, queue)
             return keep_open
         except TimeoutError as exc:
             if isinstance(exc, ConsumerStalled):
@@ -429,8 +438,9 @@ class FeedServer:
         if not isinstance(end, m.FeedEnd):
             raise ProtocolError(f"expected a batch or feed_end, received {end.TYPE}")
         if end.count != stream.received:
-            raise ProtocolError(f"partition {stream.partition}: feeder sent {end.count} rows, "
-                                f"{stream.received} arrived")
+            raise ProtocolError(
+                f"partition {stream.partition}: feeder sent {end.count} rows, {stream.received} arrived"
+            )
         return end.count
 
     def _first_delivery(self, stream: Stream) -> bool:
@@ -439,19 +449,32 @@ class FeedServer:
             return True
         with self._lock:
             if stream.key in self._delivered:
-                log.info("feed server: partition %s was already delivered; dropped a repeated "
-                         "attempt (a Spark retry or speculative task)", stream.partition)
+                log.info(
+                    "feed server: partition %s was already delivered; dropped a repeated "
+                    "attempt (a Spark retry or speculative task)",
+                    stream.partition,
+                )
                 return False
             self._delivered.add(stream.key)
             return True
 
     def _stalled(self, stream: Stream) -> None:
         """A feeder sent nothing for its feed_timeout: drop its attempt and tell the driver."""
-        log.warning("feed server: partition %s: the feeder sent nothing for feed_timeout=%.0fs; "
-                    "its rows were dropped", stream.partition, stream.timeout)
-        self.on_event("feed_stalled", {"partition": stream.partition, "timeout": stream.timeout,
-                                       "received": stream.received, "train": stream.train,
-                                       "feed_id": stream.key[0] if stream.key else ""})
+        log.warning(
+            "feed server: partition %s: the feeder sent nothing for feed_timeout=%.0fs; its rows were dropped",
+            stream.partition,
+            stream.timeout,
+        )
+        self.on_event(
+            "feed_stalled",
+            {
+                "partition": stream.partition,
+                "timeout": stream.timeout,
+                "received": stream.received,
+                "train": stream.train,
+                "feed_id": stream.key[0] if stream.key else "",
+            },
+        )
 
     @staticmethod
     def _drain(stream: Stream, payload: memoryview | None) -> None:
@@ -489,7 +512,9 @@ class FeedServer:
 
 def require_server(mgr: Any) -> FeedServer:
     if not isinstance(mgr, FeedServer):
-        raise FeedError("this node has no data feed: get_data_feed() needs a cluster started with "
-                        "input_mode=InputMode.SPARK, on a chief/master/worker node. "
-                        f"Received: ctx.mgr={type(mgr).__name__}")
+        raise FeedError(
+            "this node has no data feed: get_data_feed() needs a cluster started with "
+            "input_mode=InputMode.SPARK, on a chief/master/worker node. "
+            f"Received: ctx.mgr={type(mgr).__name__}"
+        )
     return mgr

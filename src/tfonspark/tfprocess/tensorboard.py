@@ -35,8 +35,7 @@ def _probe_host(bind_host: str) -> str:
     return bind_host.strip("[]")
 
 
-def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0,
-                      bind_host: str = "") -> str:
+def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0, bind_host: str = "") -> str:
     """Start TensorBoard over ``log_dir``; return its URL (on the advertised ``host``).
 
     TensorBoard binds ``bind_host``, or ``host`` when that is empty. The port is the executor's
@@ -46,8 +45,17 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
     port = int(os.environ.get("TENSORBOARD_PORT") or port or _free_port(bind))
     if "://" not in log_dir:
         os.makedirs(log_dir, exist_ok=True)
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--port", str(port),
-           "--host", bind.strip("[]") or "0.0.0.0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        "--logdir",
+        log_dir,
+        "--port",
+        str(port),
+        "--host",
+        bind.strip("[]") or "0.0.0.0",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     url = f"http://{url_host}:{port}"
@@ -59,6 +67,11 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
                 return url
         except OSError:
             time.sleep(0.2)
-    log.warning("TensorBoard did not start listening on %s port %d within %.0fs (exit code %s)",
-                probe, port, timeout, proc.poll())
+    log.warning(
+        "TensorBoard did not start listening on %s port %d within %.0fs (exit code %s)",
+        probe,
+        port,
+        timeout,
+        proc.poll(),
+    )
     return url

@@ -83,8 +83,9 @@ def encode_batch(batch: ColumnBatch) -> list[Any]:
             blob = pickle.dumps(list(col), protocol=pickle.HIGHEST_PROTOCOL)
             cols_meta.append({"pickle": len(blob)})
             buffers.append(blob)
-    header = json.dumps({"layout": batch.layout, "names": batch.names, "count": batch.count,
-                         "cols": cols_meta}).encode()
+    header = json.dumps(
+        {"layout": batch.layout, "names": batch.names, "count": batch.count, "cols": cols_meta}
+    ).encode()
     return [BATCH_KIND + _LEN.pack(len(header)) + header, *buffers]
 
 
@@ -146,8 +147,11 @@ class Scratch:
         first = values[0]
         if first.ndim == 0 or first.nbytes < self.MIN_VALUE_BYTES:
             return None
-        if (set(map(type, values)) != {np.ndarray} or set(map(_shape, values)) != {first.shape}
-                or set(map(_dtype, values)) != {first.dtype}):
+        if (
+            set(map(type, values)) != {np.ndarray}
+            or set(map(_shape, values)) != {first.shape}
+            or set(map(_dtype, values)) != {first.dtype}
+        ):
             return None  # np.asarray promotes mixed dtypes or names the ragged row
         need = len(values) * first.nbytes
         buf = self._buffers.get(key)
@@ -162,8 +166,9 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
 
-def _column(values: Sequence[Any], name: str | int, partition: int | None, first_row: int,
-            scratch: Scratch | None = None) -> Any:
+def _column(
+    values: Sequence[Any], name: str | int, partition: int | None, first_row: int, scratch: Scratch | None = None
+) -> Any:
     """One column as a numpy array when its values form a regular numeric array, else a list."""
     first = values[0]
     if isinstance(first, (str, bytes, dict)) or first is None:
@@ -187,6 +192,7 @@ def _column(values: Sequence[Any], name: str | int, partition: int | None, first
 
 def _ragged(values: Sequence[Any], name: str | int, partition: int | None, first_row: int) -> InputError:
     """Locate the first value whose shape or type differs from the first row's."""
+
     def shape(v: Any) -> tuple:
         return tuple(np.shape(v)) if not isinstance(v, (str, bytes)) else ("str",)
 
@@ -194,17 +200,18 @@ def _ragged(values: Sequence[Any], name: str | int, partition: int | None, first
     for i, value in enumerate(values):
         if value is None or shape(value) != expected or isinstance(value, (str, bytes)):
             got = "None" if value is None else f"shape={shape(value)}, type={type(value).__name__}"
-            return InputError(f"ragged or mixed values: expected shape={expected} like the first "
-                              f"row, received {got}", column=name, partition=partition,
-                              row=first_row + i)
-    return InputError("values cannot form a numeric array", column=name, partition=partition,
-                      row=first_row)
+            return InputError(
+                f"ragged or mixed values: expected shape={expected} like the first row, received {got}",
+                column=name,
+                partition=partition,
+                row=first_row + i,
+            )
+    return InputError("values cannot form a numeric array", column=name, partition=partition, row=first_row)
 
 
 def _uniform_sequences(rows: Sequence[Any], width: int) -> bool:
     """All rows are tuples/lists (or subclasses, like ``Row``) of ``width`` fields (C-speed checks)."""
-    return (all(issubclass(t, (tuple, list)) for t in set(map(type, rows)))
-            and set(map(len, rows)) == {width})
+    return all(issubclass(t, (tuple, list)) for t in set(map(type, rows))) and set(map(len, rows)) == {width}
 
 
 def _ragged_rows(rows: Sequence[Any], width: int, partition: int | None, first_row: int) -> InputError:
@@ -212,13 +219,17 @@ def _ragged_rows(rows: Sequence[Any], width: int, partition: int | None, first_r
     for i, row in enumerate(rows):
         if not isinstance(row, (tuple, list)) or len(row) != width:
             got = len(row) if isinstance(row, (tuple, list)) else type(row).__name__
-            return InputError(f"ragged rows: expected {width} fields like the first row, "
-                              f"received {got}", partition=partition, row=first_row + i)
+            return InputError(
+                f"ragged rows: expected {width} fields like the first row, received {got}",
+                partition=partition,
+                row=first_row + i,
+            )
     return InputError("rows are not all tuples/lists", partition=partition, row=first_row)
 
 
-def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int = 0,
-              scratch: Scratch | None = None) -> ColumnBatch:
+def pack_rows(
+    rows: Sequence[Any], partition: int | None = None, first_row: int = 0, scratch: Scratch | None = None
+) -> ColumnBatch:
     """Turn Python rows (scalars, arrays, tuples/lists, dicts, Rows) into a ColumnBatch.
 
     Every row must have the layout of the first; violations raise InputError naming the column,
@@ -234,10 +245,10 @@ def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int 
                 raise KeyError
         except (KeyError, TypeError):
             bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict) or set(r) != set(names))
-            raise InputError(f"row has keys other than the first row's {names}", partition=partition,
-                             row=first_row + bad) from None
-        return ColumnBatch([_column(c, n, partition, first_row, scratch) for c, n in zip(cols, names)],
-                           "dict", names)
+            raise InputError(
+                f"row has keys other than the first row's {names}", partition=partition, row=first_row + bad
+            ) from None
+        return ColumnBatch([_column(c, n, partition, first_row, scratch) for c, n in zip(cols, names)], "dict", names)
     if isinstance(first, (tuple, list)):
         width = len(first)
         if not _uniform_sequences(rows, width):
@@ -245,6 +256,9 @@ def pack_rows(rows: Sequence[Any], partition: int | None = None, first_row: int 
         fields = getattr(first, "__fields__", None)
         transposed: list[Any] = list(zip(*rows))
         labels: list[str] | None = list(fields) if fields else None
-        return ColumnBatch([_column(c, labels[j] if labels else j, partition, first_row, scratch)
-                            for j, c in enumerate(transposed)], "tuple", labels)
+        return ColumnBatch(
+            [_column(c, labels[j] if labels else j, partition, first_row, scratch) for j, c in enumerate(transposed)],
+            "tuple",
+            labels,
+        )
     return ColumnBatch([_column(rows, 0, partition, first_row, scratch)], "scalar")

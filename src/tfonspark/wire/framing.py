@@ -90,8 +90,9 @@ def _mac(key: bytes, *parts: Buffer) -> bytes:
     return mac.digest()
 
 
-def _recv_exact(sock: socket.socket, size: int, into: memoryview | None = None,
-                deadline: float | None = None) -> memoryview:
+def _recv_exact(
+    sock: socket.socket, size: int, into: memoryview | None = None, deadline: float | None = None
+) -> memoryview:
     """``size`` bytes from ``sock``, into ``into`` (exactly ``size`` long) or a fresh buffer.
 
     A fresh buffer starts at most :data:`_FIRST_CHUNK` long and doubles as bytes arrive, so a
@@ -210,8 +211,14 @@ class Connection:
     thread may receive.
     """
 
-    def __init__(self, sock: socket.socket, session: bytes, is_client: bool,
-                 max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        session: bytes,
+        is_client: bool,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        signed: bool = True,
+    ) -> None:
         self.sock = sock
         self.signed = signed
         self._key = session
@@ -256,7 +263,7 @@ class Connection:
         if not self.signed:
             return payload
         expected = _mac(self._key, self._in_dir, _SEQ.pack(self._in_seq), head[: _HEADER.size], payload)
-        if not hmac.compare_digest(expected, bytes(head[_HEADER.size:])):
+        if not hmac.compare_digest(expected, bytes(head[_HEADER.size :])):
             raise AuthenticationError("frame signature invalid (forged, replayed or reordered frame)")
         self._in_seq += 1
         return payload
@@ -353,8 +360,9 @@ class ServerHandshake:
         return Connection(sock, self._session, False, max_frame, self.signed)
 
 
-def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
-                     max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True) -> Connection:
+def server_handshake(
+    sock: socket.socket, secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True
+) -> Connection:
     """Authenticate a freshly accepted client; raise AuthenticationError if it lacks the secret.
 
     ``timeout`` bounds the whole handshake. ``signed=False`` only for a Unix socket (see the
@@ -370,8 +378,9 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
     return handshake.connection(sock, max_frame)
 
 
-def client_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
-                     max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True) -> Connection:
+def client_handshake(
+    sock: socket.socket, secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME, signed: bool = True
+) -> Connection:
     """Authenticate to a server and check that the server holds the same secret.
 
     ``timeout`` bounds the whole handshake.
@@ -392,8 +401,7 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0,
     return Connection(sock, _session_key(secret, server_nonce, client_nonce), True, max_frame, signed)
 
 
-def connect(address: Sequence, secret: bytes, timeout: float = 10.0,
-            max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
+def connect(address: Sequence, secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
     """Open an authenticated client connection to ``(host, port)``."""
     sock = socket.create_connection((address[0], int(address[1])), timeout=timeout)
     _no_delay(sock)
@@ -404,8 +412,7 @@ def connect(address: Sequence, secret: bytes, timeout: float = 10.0,
         raise
 
 
-def connect_unix(path: str, secret: bytes, timeout: float = 10.0,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
+def connect_unix(path: str, secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
     """Open an authenticated, unsigned connection to a same-host server's Unix socket."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unix_send_buffer(sock)

@@ -42,8 +42,18 @@ log = logging.getLogger(__name__)
 #: accept() failed for want of a resource: evict a pending peer or back off
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: accept() failed for that one connection only: carry on with the next
-_PEER_ERRORS = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM,
-                          errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ETIMEDOUT})
+_PEER_ERRORS = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.ECONNRESET,
+        errno.EPROTO,
+        errno.EPERM,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+        errno.ETIMEDOUT,
+    }
+)
 _ACCEPT_BATCH = 64  # accepts per loop turn, so handshakes in progress are served in between
 _MIN_BACKOFF = 0.01
 _MAX_BACKOFF = 1.0
@@ -80,8 +90,7 @@ class _Pending:
 
     __slots__ = ("answered", "born", "deadline", "got", "handshake", "mask", "out", "sock")
 
-    def __init__(self, sock: socket.socket, handshake: ServerHandshake, born: float,
-                 deadline: float) -> None:
+    def __init__(self, sock: socket.socket, handshake: ServerHandshake, born: float, deadline: float) -> None:
         self.sock = sock
         self.handshake = handshake
         self.born = born
@@ -102,11 +111,19 @@ class Listener:
     at once (``max_connections`` reached, or no thread could be started for them).
     """
 
-    def __init__(self, sock: socket.socket, secret: bytes,
-                 handler: Callable[[Connection], bool], *, signed: bool = True,
-                 max_frame: int = DEFAULT_MAX_FRAME, handshake_timeout: float = 10.0,
-                 max_pending: int = 128, max_connections: int = 1024,
-                 name: str = "tfos-listener") -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        secret: bytes,
+        handler: Callable[[Connection], bool],
+        *,
+        signed: bool = True,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        handshake_timeout: float = 10.0,
+        max_pending: int = 128,
+        max_connections: int = 1024,
+        name: str = "tfos-listener",
+    ) -> None:
         self.name = name
         self.signed = signed
         self.max_frame = max_frame
@@ -201,8 +218,9 @@ class Listener:
             return False
         if exc.errno in _PEER_ERRORS:
             return True
-        self._throttle.warn("accept", "%s: accept() failed (%s); evicting the oldest pending "
-                            "connection or backing off", self.name, exc)
+        self._throttle.warn(
+            "accept", "%s: accept() failed (%s); evicting the oldest pending connection or backing off", self.name, exc
+        )
         if exc.errno in _RESOURCE_ERRORS and self._pending:
             self._make_room("out of file descriptors", len(self._pending))
             return False  # serve the handshakes in progress, then accept into the room made
@@ -242,8 +260,7 @@ class Listener:
         try:
             sock.setblocking(False)
             prepare_server_socket(sock, self.signed)
-            p = _Pending(sock, ServerHandshake(self._secret, self.signed), now,
-                         now + self.handshake_timeout)
+            p = _Pending(sock, ServerHandshake(self._secret, self.signed), now, now + self.handshake_timeout)
             self._selector.register(sock, p.mask, p)
         except (OSError, ValueError) as exc:
             self.rejected += 1
@@ -273,7 +290,7 @@ class Listener:
         """Move one handshake on as far as the socket allows; True once the proof has gone out."""
         try:
             if p.out:
-                p.out = p.out[p.sock.send(p.out):]
+                p.out = p.out[p.sock.send(p.out) :]
                 if p.out:
                     return False
             if p.answered:
@@ -315,8 +332,7 @@ class Listener:
     # ---- authenticated connections ----------------------------------------------------------
     def _hand_over(self, conn: Connection) -> None:
         """Run the handler for ``conn`` in a thread of its own, if the limits allow."""
-        thread = threading.Thread(target=self._handle, args=(conn,), daemon=True,
-                                  name=f"{self.name}-conn")
+        thread = threading.Thread(target=self._handle, args=(conn,), daemon=True, name=f"{self.name}-conn")
         with self._lock:
             if len(self._live) >= self.max_connections:
                 self._live = {c for c in self._live if not c.closed}
@@ -348,8 +364,9 @@ class Listener:
         try:
             keep = bool(self._handler(conn))
         except Exception as exc:
-            self._throttle.warn("handler", "%s: connection handler failed (%s)", self.name,
-                                type(exc).__name__, exc_info=True)
+            self._throttle.warn(
+                "handler", "%s: connection handler failed (%s)", self.name, type(exc).__name__, exc_info=True
+            )
         finally:
             if not keep:
                 conn.close()

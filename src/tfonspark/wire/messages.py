@@ -213,8 +213,14 @@ def decode(payload: memoryview | bytes) -> Message:
     return message
 
 
-_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "str": (str,), "bool": (bool,),
-                                       "float": (int, float), "dict": (dict,), "list": (list,)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "str": (str,),
+    "bool": (bool,),
+    "float": (int, float),
+    "dict": (dict,),
+    "list": (list,),
+}
 
 
 def _check_types(message: Message) -> None:
@@ -224,8 +230,10 @@ def _check_types(message: Message) -> None:
         value = getattr(message, f.name)
         bad_bool = isinstance(value, bool) and bool not in (expected or ())
         if expected is not None and (not isinstance(value, expected) or bad_bool):
-            raise ProtocolError(f"malformed control message {message.TYPE}: field {f.name} must be "
-                                f"{f.type}. Received: {type(value).__name__}")
+            raise ProtocolError(
+                f"malformed control message {message.TYPE}: field {f.name} must be "
+                f"{f.type}. Received: {type(value).__name__}"
+            )
 
 
 def send_message(conn: Connection, message: Message) -> None:

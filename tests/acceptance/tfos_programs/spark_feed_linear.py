@@ -24,8 +24,10 @@ def main_fun(args, ctx):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b - y))
         opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
-    np.save(TFNode.hdfs_path(ctx, args["model_dir"]).replace("file://", "") + f"/w{ctx.task_index}.npy",
-            np.concatenate([w.numpy().ravel(), [b.numpy()]]))
+    np.save(
+        TFNode.hdfs_path(ctx, args["model_dir"]).replace("file://", "") + f"/w{ctx.task_index}.npy",
+        np.concatenate([w.numpy().ravel(), [b.numpy()]]),
+    )
 
 
 def inference_fun(args, ctx):
@@ -42,8 +44,10 @@ def inference_fun(args, ctx):
 
 
 def main(sc, args):
-    data = sc.parallelize([((float(i % 10) / 10, float(i % 7) / 7), 3.0 * (i % 10) / 10 + 2.0 * (i % 7) / 7 + 1.0)
-                           for i in range(2000)], 4)
+    data = sc.parallelize(
+        [((float(i % 10) / 10, float(i % 7) / 7), 3.0 * (i % 10) / 10 + 2.0 * (i % 7) / 7 + 1.0) for i in range(2000)],
+        4,
+    )
     cluster = TFCluster.run(sc, main_fun, args, args["cluster_size"], 0, False, TFCluster.InputMode.SPARK)
     cluster.train(data, args["epochs"])
     cluster.shutdown()

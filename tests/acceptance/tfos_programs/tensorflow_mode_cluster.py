@@ -15,11 +15,19 @@ def main_fun(args, ctx):
         server.join()
     out = TFNode.hdfs_path(ctx, args["model_dir"]).replace("file://", "")
     with open(os.path.join(out, f"{ctx.job_name}{ctx.task_index}.json"), "w") as f:
-        json.dump({"jobs": sorted(cluster_spec.jobs), "num_workers": ctx.num_workers,
-                   "worker_num": ctx.worker_num}, f)
+        json.dump({"jobs": sorted(cluster_spec.jobs), "num_workers": ctx.num_workers, "worker_num": ctx.worker_num}, f)
 
 
 def main(sc, args):
-    cluster = TFCluster.run(sc, main_fun, args, args["cluster_size"], 1, False,
-                            TFCluster.InputMode.TENSORFLOW, driver_ps_nodes=True, master_node="chief")
+    cluster = TFCluster.run(
+        sc,
+        main_fun,
+        args,
+        args["cluster_size"],
+        1,
+        False,
+        TFCluster.InputMode.TENSORFLOW,
+        driver_ps_nodes=True,
+        master_node="chief",
+    )
     cluster.shutdown()
