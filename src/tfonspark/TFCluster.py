@@ -10,7 +10,8 @@ Programs written for TensorFlowOnSpark run after changing only their import line
 from __future__ import annotations
 
 from .config import InputMode
-from .driver.cluster import Cluster, run
+from .driver.cluster import Cluster
+from .driver.launch import run
 
 TFCluster = Cluster  # TFoS name of the class returned by run()
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from . import TFCluster, TFNode, TFParallel, errors
 from .config import InputMode
-from .driver.cluster import Cluster, run
+from .driver.cluster import Cluster
+from .driver.launch import run
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
 

@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
-from ..executor.host import local_ip_towards
 from ..executor.node import node_task, start_node
 from ..wire import messages as m
-from ..wire.framing import new_secret
-from .jobs import BackgroundJob, barrier_supported, wait_for_slots
-from .plan import CHIEF_ROLES, DATA_ROLES, NodeRole, plan_roles
+from .jobs import BackgroundJob
+from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
+from .reports import Report, ReportLog
 
-__all__ = ["Cluster", "run"]
+__all__ = ["SPARK_SETTINGS", "Cluster"]
 
 log = logging.getLogger(__name__)
-_SPARK_SETTINGS = (
+SPARK_SETTINGS = (
     "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
 )
 
@@ -57,7 +54,13 @@ class Cluster:
     """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``)."""
 
     def __init__(
-        self, sc: Any, roles: list[NodeRole], server: RendezvousServer, config: NodeConfig, input_mode: InputMode
+        self,
+        sc: Any,
+        roles: list[NodeRole],
+        server: RendezvousServer,
+        config: NodeConfig,
+        input_mode: InputMode,
+        reports: ReportLog | None = None,
     ) -> None:
         self.sc = sc
         self.roles = roles
@@ -71,6 +74,7 @@ class Cluster:
         self.feed_groups: set[str] = set()
         self.feed_errors: list[FeedTimeout] = []  # stalled feeds the nodes reported
         self.feeding = ""  # feed_id of the running train(), if any
+        self.report_log = reports or ReportLog()
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
 
@@ -90,6 +94,9 @@ class Cluster:
             self._cancel_feeds()
 
     def _on_event(self, node: NodeState, event: m.NodeEvent) -> None:
+        if event.kind == "report" and isinstance(event.detail, dict):
+            self.report_log.add(node.role.job_name, node.role.task_index, event.detail)
+            return
         if event.kind != "feed_stalled":
             log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
             return
@@ -137,7 +144,7 @@ class Cluster:
             self._teardown(grace_secs=0)
             raise ReservationTimeout(
                 f"{what}: {registered} of {len(self.roles)} TensorFlow nodes registered within "
-                f"{timeout:.0f}s. Each node needs its own Spark task slot; check {_SPARK_SETTINGS}, "
+                f"{timeout:.0f}s. Each node needs its own Spark task slot; check {SPARK_SETTINGS}, "
                 "that dynamic allocation can reach that many executors, or raise reservation_timeout.",
                 registered=registered,
                 required=len(self.roles),
@@ -212,6 +219,11 @@ class Cluster:
                 f"Received: input_mode={InputMode(self.input_mode).name}"
             )
 
+    @property
+    def reports(self) -> list[Report]:
+        """Every ``ctx.report({...})`` the nodes made (the last 10,000), oldest first."""
+        return self.report_log.all()
+
     def tensorboard_url(self) -> str | None:
         """The TensorBoard URL of the chief (or worker 0), if ``tensorboard=True``."""
         for node in self.server.nodes.values():
@@ -273,107 +285,3 @@ class Cluster:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return next((line for line in text if "Error" in line or "Exception" in line), text[0] if text else repr(error))
-
-
-def _int_env(name: str) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else 0
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer. Received: {value!r}") from None
-
-
-def _float_env(name: str) -> float:
-    value = os.environ.get(name, "")
-    try:
-        number = float(value) if value else 0.0
-    except ValueError:
-        number = -1.0
-    if number < 0 or number != number:
-        raise ConfigError(f"{name} must be a number of seconds > 0. Received: {value!r}")
-    return number
-
-
-def _driver_host(sc: Any) -> str:
-    host = sc.getConf().get("spark.driver.host", None)
-    return host or local_ip_towards("8.8.8.8")
-
-
-def _default_fs(sc: Any) -> str:
-    try:
-        return str(sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
-    except Exception:
-        return "file://"
-
-
-def run(
-    sc: Any,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
-    num_ps: int = 0,
-    tensorboard: bool = False,
-    input_mode: InputMode | int = InputMode.TENSORFLOW,
-    log_dir: str | None = None,
-    driver_ps_nodes: bool = False,
-    master_node: str | None = None,
-    reservation_timeout: float = 600,
-    queues: Any = None,
-    eval_node: bool = False,
-    release_port: bool = True,
-) -> Cluster:
-    """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
-
-    ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
-    every node is up; raises ReservationTimeout if the executors cannot be reserved in time.
-    """
-    from pyspark import cloudpickle
-
-    if not callable(map_fun):
-        raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
-    roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
-    mode = InputMode(input_mode)
-    secret = new_secret()
-    cluster_id = uuid.uuid4().hex
-    heartbeat_timeout = _float_env("TFONSPARK_HEARTBEAT_TIMEOUT") or 60.0
-    heartbeat_secs = min(5.0, heartbeat_timeout / 4)
-    server = RendezvousServer(
-        cluster_id, roles, secret, _driver_host(sc), heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout
-    )
-    config = NodeConfig(
-        cluster_id=cluster_id,
-        driver_host=server.address[0],
-        driver_port=server.address[1],
-        secret_hex=secret.hex(),
-        input_mode=mode,
-        tensorboard=tensorboard,
-        log_dir=log_dir,
-        release_port=release_port,
-        reservation_timeout=float(reservation_timeout),
-        default_fs=_default_fs(sc),
-        chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-        tensorboard_port=_int_env("TENSORBOARD_PORT"),
-        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024,
-        bind_host=os.environ.get("TFONSPARK_BIND_HOST", ""),
-        heartbeat_secs=heartbeat_secs,
-        heartbeat_timeout=heartbeat_timeout,
-    )
-    cluster = Cluster(sc, roles, server, config, mode)
-    spark_nodes = sum(1 for r in roles if not r.on_driver)
-    use_barrier = barrier_supported(sc)
-    try:
-        if use_barrier:
-            slots = wait_for_slots(sc, spark_nodes, float(reservation_timeout))
-            if slots < spark_nodes:
-                raise ReservationTimeout(
-                    f"the cluster needs {spark_nodes} Spark task slots for its TensorFlow nodes but "
-                    f"only {slots} were available after {reservation_timeout}s; check {_SPARK_SETTINGS} "
-                    "or lower num_executors.",
-                    registered=slots,
-                    required=spark_nodes,
-                )
-        cluster._start(cloudpickle.dumps((map_fun, tf_args)), use_barrier)
-    except BaseException:
-        cluster._teardown(grace_secs=0)
-        raise
-    return cluster
