@@ -2,6 +2,8 @@
 
 * TFModel serves a SavedModel on 4 partitions: columns kept, outputs appended, every row right,
   the model loaded once per Python worker, and a re-export into the same directory served anew.
+* A data error on an executor (a null feature) and a typed error raised by ``export_fn`` reach
+  the driver as the same InputError, with its column.
 * A Pipeline (SQLTransformer + TFEstimator in InputMode.TENSORFLOW) fits: the DataFrame's mapped
   columns go to TFRecords, train_fn reads them from ``args.tfrecord_dir`` and exports a
   ``tf.Module`` with TFNode.export_saved_model; the Pipeline and the PipelineModel save, load
@@ -104,6 +106,43 @@ def test_transform_serves_every_row_once_loaded_per_worker(spark, tmp_path, monk
     assert "MapInArrow" in fallback._jdf.queryExecution().executedPlan().toString()
     assert fallback.columns == ["id", "features", "tag", "pred", "scaled"]
     assert all(r.pred == r.id + 1.0 and r.scaled == [r.id, 1.0] for r in fallback.collect())
+
+
+def test_executor_errors_come_back_as_the_typed_error(spark, tmp_path):
+    """A null feature fails the user's action with Spark's error, which carries the InputError.
+
+    ``transform`` is lazy, so the action is the user's and raises Spark's own exception;
+    ``reraise`` rebuilds the InputError with its column. ``export_fn`` runs in a Spark job of
+    tfonspark's own, which raises the typed error itself.
+    """
+    pytest.importorskip("tensorflow")
+    from pyspark.sql import functions as F
+
+    from tfonspark.errors import InputError
+    from tfonspark.ml import TFModel
+    from tfonspark.ml.estimator import _run_export_fn
+    from tfonspark.wire.errors import reraise
+
+    export_dir = str(tmp_path / "linear")
+    _export_linear(export_dir, [1.0, 1.0])
+    features = F.when(F.col("id") == 37, None).otherwise(F.array(F.col("id").cast("double"), F.lit(1.0)))
+    df = spark.range(0, 50, numPartitions=1).select("id", features.alias("features"))
+    model = TFModel().setExportDir(export_dir).setInputMapping({"features": "x"}).setOutputMapping({"prediction": "p"})
+    with pytest.raises(Exception) as failure:
+        model.transform(df).collect()
+    with pytest.raises(InputError, match="null value") as typed:
+        reraise(failure.value)
+    assert (typed.value.column, typed.value.partition, typed.value.row) == ("features", 0, 37)
+
+    with pytest.raises(InputError, match="nothing to export") as exported:
+        _run_export_fn(spark.sparkContext, _export_nothing, {"k": 1})
+    assert exported.value.column == "label"
+
+
+def _export_nothing(args):
+    from tfonspark.errors import InputError
+
+    raise InputError("nothing to export", column="label")
 
 
 def _least_squares(args, ctx):

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tfonspark.errors import InputError, ProtocolError
-from tfonspark.executor.arrow import arrow_to_columns, columns_to_arrow
+from tfonspark.wire.arrow import arrow_to_columns, columns_to_arrow
 from tfonspark.wire.codec import ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 
 

@@ -7,11 +7,13 @@ import argparse
 import pytest
 from pyspark.sql import types as T
 
-import tfonspark
 from tfonspark.config import InputMode
-from tfonspark.errors import ConfigError, FeedError, InputError
+from tfonspark.errors import ClusterError, ConfigError, FeedError, InputError
 from tfonspark.ml import Namespace, TFEstimator, TFModel
+from tfonspark.ml import estimator as estimator_module
 from tfonspark.ml import persistence as p
+from tfonspark.testing import FakeSparkContext
+from tfonspark.wire.errors import CapturedError, reraise
 
 
 class FakeFrame:
@@ -22,7 +24,7 @@ class FakeFrame:
         self.columns = list(columns)
         self.selected: list[str] | None = None
         self.mapped: tuple | None = None
-        self.sparkSession = argparse.Namespace(sparkContext=FakeContext())
+        self.sparkSession = argparse.Namespace(sparkContext=FakeSparkContext())
 
     def select(self, columns):
         self.selected = list(columns)
@@ -31,13 +33,6 @@ class FakeFrame:
     def mapInArrow(self, fn, schema):  # noqa: N802 (Spark name)
         self.mapped = (fn, schema)
         return "transformed"
-
-
-class FakeContext:
-    """``sc.parallelize(...).mapPartitions(f).collect()`` run here, for export_fn."""
-
-    def parallelize(self, data, slices):
-        return argparse.Namespace(mapPartitions=lambda f: argparse.Namespace(collect=lambda: list(f(iter(data)))))
 
 
 class FakeCluster:
@@ -60,7 +55,7 @@ def _train(args, ctx):
 
 @pytest.fixture
 def fake_run(monkeypatch):
-    """Replace tfonspark.run; returns the list of (args, kwargs, cluster) of each call."""
+    """Replace the ``run`` TFEstimator starts clusters with; lists (args, kwargs, cluster) per call."""
     started: list[tuple] = []
 
     def run(*args, **kwargs):
@@ -68,7 +63,7 @@ def fake_run(monkeypatch):
         started.append((args, kwargs, cluster))
         return cluster
 
-    monkeypatch.setattr(tfonspark, "run", run)
+    monkeypatch.setattr(estimator_module, "run", run)
     run.started = started  # type: ignore[attr-defined]
     return run
 
@@ -111,7 +106,7 @@ def test_transform_keeps_columns_and_appends_typed_outputs_without_a_job(linear_
     assert model.transform(frame) == "transformed"
     fn, schema = frame.mapped
     assert schema.simpleString() == "struct<id:bigint,features:array<double>,echo:array<float>,pred:float>"
-    plan = fn.keywords["plan"]
+    plan = fn.__wrapped__.keywords["plan"]  # captured(partial(serve_batches, plan=...))
     assert plan.batch_size == 8 and plan.signature_def_key == "serving_default"
     assert plan.export_dir == linear_dir and [b.column for b in plan.inputs] == ["features"]
 
@@ -142,8 +137,24 @@ def test_same_model_content_gives_the_same_cache_key(linear_dir, map_in_arrow):
             .setOutputMapping({"prediction": "p"})
             .transform(frame)
         )
-        keys.append(frame.mapped[0].keywords["plan"].model_key)
+        keys.append(frame.mapped[0].__wrapped__.keywords["plan"].model_key)
     assert keys[0] == keys[1]
+
+
+def test_executor_data_errors_in_transform_carry_the_typed_error(linear_dir, map_in_arrow):
+    """What Spark runs for transform raises an error whose text ``reraise`` turns back into InputError."""
+    import pyarrow as pa
+
+    frame = FakeFrame(features=T.ArrayType(T.DoubleType()))
+    model = TFModel().setExportDir(linear_dir).setInputMapping({"features": "x"}).setOutputMapping({"both": "b"})
+    model.transform(frame)
+    fn, _ = frame.mapped  # the function Spark runs on the executors (mapInArrow)
+    bad = pa.RecordBatch.from_pydict({"features": pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))})
+    with pytest.raises(CapturedError) as failure:
+        list(fn(iter([bad])))
+    with pytest.raises(InputError, match="null value") as typed:
+        reraise(RuntimeError(f"Spark task failed: {failure.value}"))  # Spark carries it as text
+    assert (typed.value.column, typed.value.row) == ("features", 1)
 
 
 def test_spark_4_1_serves_through_a_scalar_iterator_arrow_udf():
@@ -196,6 +207,24 @@ def test_fit_runs_export_fn_once_with_the_args(fake_run):
     estimator = TFEstimator(_train, {"k": "v"}, export_fn=lambda args: seen.append(args.k))
     estimator.setInputMapping({"a": "x"}).setGraceSecs(0).fit(FakeFrame(a=T.DoubleType()))
     assert seen == ["v"]
+
+
+def _export_fails_on_data(args):
+    raise InputError("no rows to export", column="label", partition=0)
+
+
+def _export_crashes(args):
+    raise KeyError("weights")
+
+
+def test_export_fn_errors_come_back_typed_or_as_a_cluster_error(fake_run):
+    estimator = TFEstimator(_train, export_fn=_export_fails_on_data).setInputMapping({"a": "x"}).setGraceSecs(0)
+    with pytest.raises(InputError, match="no rows to export") as typed:
+        estimator.fit(FakeFrame(a=T.DoubleType()))
+    assert (typed.value.column, typed.value.partition) == ("label", 0)
+    estimator = TFEstimator(_train, export_fn=_export_crashes).setInputMapping({"a": "x"}).setGraceSecs(0)
+    with pytest.raises(ClusterError, match="export_fn failed on an executor: KeyError: 'weights'"):
+        estimator.fit(FakeFrame(a=T.DoubleType()))
 
 
 @pytest.mark.parametrize(

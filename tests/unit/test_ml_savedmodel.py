@@ -144,5 +144,8 @@ def test_names_and_locations():
     assert savedmodel.strip_port("x:0") == "x" and savedmodel.strip_port("x:1") == "x:1"
     assert savedmodel.resolve_export_dir("hdfs://nn/models/m/") == "hdfs://nn/models/m"
     assert savedmodel.resolve_export_dir("rel/m").startswith("/")
+    assert savedmodel.resolve_export_dir("rel/../m/") == savedmodel.resolve_export_dir("m")
+    with pytest.raises(ConfigError, match="path is empty"):
+        savedmodel.resolve_export_dir("")
     assert TensorSpec("x", "float32", (None, 2)).describe() == "x: float32[None, 2]"
     assert TensorSpec("x", "int64", None).describe() == "x: int64?"

@@ -42,7 +42,9 @@ from typing import Any
 from pyspark.ml import Estimator
 
 from ..config import InputMode
+from ..driver.launch import run
 from ..errors import ClusterError, ConfigError, InputError
+from ..wire.errors import captured, raise_or
 from .model import TFModel
 from .params import (
     HasBatchSize,
@@ -147,8 +149,6 @@ class TFEstimator(
 
     def _fit(self, dataset: Any) -> TFModel:
         """Train on ``dataset`` and return a TFModel sharing this estimator's Params."""
-        from .. import run
-
         args = self.merge_args_params()
         mode = InputMode(args.input_mode)
         if mode == InputMode.SPARK:
@@ -253,17 +253,20 @@ def _train_and_shutdown(cluster: Any, feed: Any, args: Namespace) -> None:
 
 
 def _run_export_fn(sc: Any, export_fn: Any, tf_args: Any) -> None:
-    """Run ``export_fn(args)`` once, in a one-task Spark job (an executor's Python worker)."""
+    """Run ``export_fn(args)`` once, in a one-task Spark job (an executor's Python worker).
+
+    A tfonspark error raised by ``export_fn`` is raised again here as itself (type and
+    attributes); any other failure becomes a ClusterError quoting its last error line.
+    """
 
     def call(_: Any) -> list[int]:
         export_fn(tf_args)
         return []
 
     try:
-        sc.parallelize([0], 1).mapPartitions(call).collect()
+        sc.parallelize([0], 1).mapPartitions(captured(call)).collect()
     except Exception as exc:
-        lines = [line for line in str(exc).splitlines() if "Error" in line or "Exception" in line]
-        raise ClusterError(f"export_fn failed on an executor: {lines[-1] if lines else exc!r}") from exc
+        raise_or(exc, lambda line: ClusterError(f"export_fn failed on an executor: {line}"))
 
 
 def _warn_if_no_saved_model(export_dir: str | None) -> None:

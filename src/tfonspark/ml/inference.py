@@ -9,7 +9,8 @@ only the mapped columns as Arrow arrays, turns them into numpy arrays without pe
 work, calls the signature ``batch_size`` rows at a time, and returns only the outputs (a struct
 when there are several); the other columns never leave the JVM. On older Spark,
 :func:`serve_batches` does the same as a ``mapInArrow`` function that passes the whole batch
-through. The loaded signature is cached per Python worker (:mod:`tfonspark.ml.model_cache`).
+through. The loaded signature is kept per Python worker in :class:`~tfonspark.ml.model_cache.ModelCache`,
+under the key the driver made from the model's location and content (``ServingPlan.model_key``).
 
 Rules:
 
@@ -36,17 +37,27 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from . import savedmodel
-from .model_cache import load_signature
-from .savedmodel import Signature, TensorSpec, strip_port
+from ..wire.arrow import arrow_to_columns
+from .model_cache import ModelCache
+from .savedmodel import (
+    Signature,
+    TensorSpec,
+    model_key,
+    read_saved_model,
+    resolve_export_dir,
+    select_signature,
+    strip_port,
+)
 
 __all__ = [
     "InputBinding",
+    "LoadedSignature",
     "OutputBinding",
     "ServingPlan",
     "bind_inputs",
     "bind_outputs",
     "column_array",
+    "load_signature",
     "output_array",
     "output_fields",
     "outputs_to_arrow",
@@ -268,17 +279,15 @@ def plan_serving(
             "set it with setExportDir(path)"
         )
     key = signature_def_key or "serving_default"
-    location = savedmodel.resolve_export_dir(export_dir)
-    graphs, digest = savedmodel.read_saved_model(location)
-    signature = savedmodel.select_signature(graphs, tag_set, key, location)
+    location = resolve_export_dir(export_dir)
+    graphs, digest = read_saved_model(location)
+    signature = select_signature(graphs, tag_set, key, location)
     columns = list(schema.names)
     inputs = bind_inputs(signature, input_mapping, columns)
     _check_feedable(schema, inputs)
     outputs = bind_outputs(signature, output_mapping, columns)
     tags = tuple(t.strip() for t in tag_set.split(",") if t.strip()) if tag_set else None
-    return ServingPlan(
-        savedmodel.model_key(location, tag_set, key, digest), location, tags, key, inputs, outputs, batch_size
-    )
+    return ServingPlan(model_key(location, tag_set, key, digest), location, tags, key, inputs, outputs, batch_size)
 
 
 # ---- executor: Arrow -> numpy -> signature -> Arrow -----------------------------------------
@@ -341,8 +350,6 @@ def column_array(column: Any, b: InputBinding, partition: int, first_row: int) -
     """One Arrow column as the numpy array signature input ``b`` takes."""
     import pyarrow as pa
 
-    from ..executor.arrow import arrow_to_columns
-
     single = pa.RecordBatch.from_arrays([column], names=[b.column])
     values = arrow_to_columns(single, partition, first_row).columns[0]
     return _fit_shape(_fit_dtype(values, b, partition), b, partition)
@@ -398,6 +405,30 @@ def outputs_to_arrow(values: np.ndarray, o: OutputBinding) -> Any:
     else:
         flat = pa.array(flat_values.astype(numpy_type, copy=False))
     return _nest(flat, values.shape)
+
+
+class LoadedSignature:
+    """A signature function with the loaded SavedModel object that must outlive it."""
+
+    def __init__(self, saved_model: Any, fn: Any) -> None:
+        self.saved_model = saved_model  # the signature's variables live as long as this object
+        self.fn = fn
+
+    def __call__(self, **inputs: Any) -> Any:
+        return self.fn(**inputs)
+
+
+def _load(plan: ServingPlan) -> LoadedSignature:
+    """``tf.saved_model.load`` the plan's SavedModel and pick its signature."""
+    import tensorflow as tf
+
+    saved_model = tf.saved_model.load(plan.export_dir, tags=list(plan.tags) if plan.tags else None)
+    return LoadedSignature(saved_model, saved_model.signatures[plan.signature_def_key])
+
+
+def load_signature(plan: ServingPlan) -> LoadedSignature:
+    """The plan's signature, loaded at most once per Python worker (cached under ``plan.model_key``)."""
+    return ModelCache.get_or_load(plan.model_key, lambda: _load(plan))
 
 
 def _empty_outputs(plan: ServingPlan) -> dict[str, np.ndarray]:

@@ -9,6 +9,12 @@ comes from the signature, read on the driver, so ``transform`` starts no Spark j
 result is used. The binding rules (names, casts, reshapes, output types) are in
 :mod:`tfonspark.ml.inference`.
 
+Errors: what the driver can check (columns, signature, types) raises in ``transform``. A data
+error found on an executor (a null in a feature column, a row of the wrong length) fails the
+Spark action that uses the result, with Spark's own exception; its text carries the typed
+error, which ``tfonspark.wire.errors.reraise(exc)`` raises again as itself (e.g. an
+:class:`~tfonspark.errors.InputError` with its ``column``, ``partition`` and ``row``).
+
 Example (a model trained by :class:`~tfonspark.ml.TFEstimator`, or any SavedModel)::
 
     model = (TFModel({})
@@ -31,6 +37,7 @@ from typing import Any
 
 from pyspark.ml import Model
 
+from ..wire.errors import captured
 from .inference import ServingPlan, output_fields, plan_serving, serve_arrays, serve_batches
 from .params import (
     HasBatchSize,
@@ -92,7 +99,7 @@ class TFModel(
         from pyspark.sql.types import StructType
 
         schema = StructType(list(dataset.schema.fields) + output_fields(plan))
-        return dataset.mapInArrow(functools.partial(serve_batches, plan=plan), schema)
+        return dataset.mapInArrow(captured(functools.partial(serve_batches, plan=plan)), schema)
 
     def _plan(self, dataset: Any) -> ServingPlan:
         """Bind this model's Params to ``dataset``'s schema and the SavedModel's signature."""
@@ -134,15 +141,14 @@ def _quoted(name: str) -> str:
 def _with_arrow_udf(dataset: Any, plan: ServingPlan) -> Any:
     """Append the outputs with one Arrow UDF call: several outputs come back as one struct."""
     from pyspark.sql import functions as F
-    from pyspark.sql.functions import arrow_udf
-    from pyspark.sql.pandas.functions import ArrowUDFType
+    from pyspark.sql.pandas.functions import ArrowUDFType, arrow_udf
     from pyspark.sql.types import StructType
 
     fields = output_fields(plan)
     return_type: Any = fields[0].dataType if len(fields) == 1 else StructType(fields)
     with warnings.catch_warnings():  # the UDF type is given explicitly, not by type hints
         warnings.filterwarnings("ignore", "It is preferred to specify type hints", UserWarning)
-        udf = arrow_udf(functools.partial(serve_arrays, plan=plan), return_type, ArrowUDFType.SCALAR_ITER)
+        udf = arrow_udf(captured(functools.partial(serve_arrays, plan=plan)), return_type, ArrowUDFType.SCALAR_ITER)
     result = udf(*[F.col(_quoted(b.column)) for b in plan.inputs])
     if len(fields) == 1:
         return dataset.withColumn(fields[0].name, result)

@@ -1,11 +1,15 @@
-"""Loaded SavedModel signatures, cached per Spark Python worker.
+"""A process-wide LRU of loaded models, keyed by an id the driver made.
 
-Loading a SavedModel takes seconds (plus ``import tensorflow`` the first time), so each Python
-worker loads a model once and keeps it for later tasks, keyed by the id the driver made from the
-model's location and content (:func:`tfonspark.ml.savedmodel.model_key`). Like Spark's own
-``pyspark.ml.model_cache``, this relies on ``spark.python.worker.reuse=true`` (the default); an
-idle worker that Spark stops takes its cache with it. At most :attr:`ModelCache.capacity` models
-are kept, least recently used dropped first.
+Loading a model takes seconds, so an executor's Python worker keeps what it loaded for later
+tasks. The caller makes the key on the driver (a UUID, or a string naming the model's location
+and content) and passes the loader; this module knows nothing of what it caches. Like Spark's
+``pyspark.ml.model_cache.ModelCache``, this relies on ``spark.python.worker.reuse=true`` (the
+default): an idle worker that Spark stops takes its cache with it, and large models may need
+more ``spark.executor.memoryOverhead``. At most :attr:`ModelCache.capacity` values are kept,
+least recently used dropped first.
+
+Thread-safe: a value is loaded at most once per key even when several threads ask for it at
+the same time, and loading one key does not hold up lookups or loads of others.
 """
 
 from __future__ import annotations
@@ -13,68 +17,81 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
-if TYPE_CHECKING:
-    from .inference import ServingPlan
+__all__ = ["ModelCache"]
 
-__all__ = ["LoadedSignature", "ModelCache", "load_signature"]
-
-
-class LoadedSignature:
-    """A signature function with the loaded SavedModel object that must outlive it."""
-
-    def __init__(self, saved_model: Any, fn: Any) -> None:
-        self.saved_model = saved_model  # the signature's variables live as long as this object
-        self.fn = fn
-
-    def __call__(self, **inputs: Any) -> Any:
-        return self.fn(**inputs)
+T = TypeVar("T")
 
 
 class ModelCache:
-    """A process-wide LRU of loaded models; ``loads`` counts loads per key (for diagnostics)."""
+    """Class-level (process-wide) cache; ``loads`` counts loads per key, for diagnostics."""
 
     capacity: int = 3
-    _models: OrderedDict[str, Any] = OrderedDict()
+    loads: Counter[Hashable] = Counter()
+    _values: OrderedDict[Hashable, Any] = OrderedDict()
+    _loading: dict[Hashable, threading.Lock] = {}
     _lock = threading.Lock()
-    loads: Counter[str] = Counter()
 
     @classmethod
-    def get_or_load(cls, key: str, loader: Callable[[], Any]) -> Any:
-        """The cached value for ``key``, loading it (once, under the lock) if missing."""
+    def get(cls, key: Hashable) -> Any | None:
+        """The value cached under ``key`` (now the most recently used), or None."""
         with cls._lock:
-            if key in cls._models:
-                cls._models.move_to_end(key)
-                return cls._models[key]
-            value = loader()
-            cls.loads[key] += 1
-            cls._models[key] = value
-            while len(cls._models) > cls.capacity:
-                cls._models.popitem(last=False)
+            if key not in cls._values:
+                return None
+            cls._values.move_to_end(key)
+            return cls._values[key]
+
+    @classmethod
+    def add(cls, key: Hashable, value: Any) -> None:
+        """Cache ``value`` under ``key``, dropping the least recently used beyond ``capacity``."""
+        with cls._lock:
+            cls._store(key, value)
+
+    @classmethod
+    def get_or_load(cls, key: Hashable, loader: Callable[[], T]) -> T:
+        """The value for ``key``, calling ``loader()`` if it is not cached (once, whatever the threads)."""
+        with cls._lock:
+            if key in cls._values:
+                cls._values.move_to_end(key)
+                return cast(T, cls._values[key])
+            gate = cls._loading.setdefault(key, threading.Lock())
+        with gate:  # one loader per key; the others wait for it, then find the value cached
+            with cls._lock:
+                if key in cls._values:
+                    return cast(T, cls._values[key])
+            try:
+                value = loader()
+                with cls._lock:
+                    cls.loads[key] += 1
+                    cls._store(key, value)
+            finally:
+                with cls._lock:
+                    if cls._loading.get(key) is gate:
+                        del cls._loading[key]
             return value
 
     @classmethod
+    def _store(cls, key: Hashable, value: Any) -> None:
+        """Insert as most recently used and evict beyond ``capacity`` (the caller holds the lock)."""
+        cls._values[key] = value
+        cls._values.move_to_end(key)
+        while len(cls._values) > cls.capacity:
+            cls._values.popitem(last=False)
+
+    @classmethod
     def clear(cls) -> None:
+        """Drop every cached value (load counts are kept)."""
         with cls._lock:
-            cls._models.clear()
+            cls._values.clear()
 
     @classmethod
     def stats(cls) -> dict[str, Any]:
-        """This process's id, cached keys and load counts."""
+        """This process's id, the cached keys and the load counts (keys as text, JSON-ready)."""
         with cls._lock:
-            return {"pid": os.getpid(), "cached": list(cls._models), "loads": dict(cls.loads)}
-
-
-def _load(plan: ServingPlan) -> LoadedSignature:
-    """``tf.saved_model.load`` the plan's SavedModel and pick its signature."""
-    import tensorflow as tf
-
-    saved_model = tf.saved_model.load(plan.export_dir, tags=list(plan.tags) if plan.tags else None)
-    return LoadedSignature(saved_model, saved_model.signatures[plan.signature_def_key])
-
-
-def load_signature(plan: ServingPlan) -> LoadedSignature:
-    """The plan's signature, loaded at most once per Python worker."""
-    return ModelCache.get_or_load(plan.model_key, lambda: _load(plan))  # type: ignore[no-any-return]
+            return {
+                "pid": os.getpid(),
+                "cached": [str(k) for k in cls._values],
+                "loads": {str(k): n for k, n in cls.loads.items()},
+            }

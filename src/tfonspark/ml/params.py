@@ -16,7 +16,7 @@ import argparse
 import copy
 import numbers
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
@@ -48,13 +48,15 @@ __all__ = [
     "TFTypeConverters",
 ]
 
-Converter = Callable[[Any], Any]
+T = TypeVar("T")
+#: Checks a value when it is set and returns it in the type the Param holds.
+Converter = Callable[[Any], T]
 
 
 # ---- converters: check a value when it is set -----------------------------------------------
 
 
-def _mapping(name: str) -> Converter:
+def _mapping(name: str) -> Converter[dict[str, str]]:
     """A dict of str -> str (column -> tensor, or tensor -> column); copied so later edits don't leak."""
 
     def convert(value: Any) -> dict[str, str]:
@@ -72,7 +74,7 @@ def _mapping(name: str) -> Converter:
     return convert
 
 
-def _integer(name: str, minimum: int) -> Converter:
+def _integer(name: str, minimum: int) -> Converter[int]:
     """An int >= ``minimum`` (bool refused although it is an int)."""
 
     def convert(value: Any) -> int:
@@ -83,7 +85,7 @@ def _integer(name: str, minimum: int) -> Converter:
     return convert
 
 
-def _seconds(name: str, *, positive: bool) -> Converter:
+def _seconds(name: str, *, positive: bool) -> Converter[float]:
     """A number of seconds (> 0 or >= 0), stored as float."""
 
     def convert(value: Any) -> float:
@@ -113,7 +115,7 @@ def _master_node(value: Any) -> str:
     return str(value)
 
 
-def _string(name: str) -> Converter:
+def _string(name: str) -> Converter[str]:
     """A non-empty string."""
 
     def convert(value: Any) -> str:
@@ -132,8 +134,12 @@ class TFTypeConverters:
         return _mapping("value")(value)
 
 
-def _param(name: str, doc: str, converter: Converter) -> Param:
-    """A Param whose converter lets None through (Spark's ``Params.set`` converts None too)."""
+def _param(name: str, doc: str, converter: Converter[T]) -> Param[T]:
+    """A Param holding ``converter``'s type, whose converter lets None through.
+
+    Spark's ``Params.set`` converts None too; None means "not given". The getters of Params
+    whose default is None say so (``str | None``); the others return the converter's type.
+    """
 
     def convert(value: Any) -> Any:
         return None if value is None else converter(value)

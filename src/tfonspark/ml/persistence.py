@@ -127,7 +127,9 @@ def pickle_allowed() -> bool:
 def _pickle(value: Any) -> str:
     from pyspark import cloudpickle
 
-    return base64.b64encode(cloudpickle.dumps(value)).decode("ascii")
+    # pyspark's vendored cloudpickle has no annotations; dumps returns bytes
+    payload: bytes = cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
+    return base64.b64encode(payload).decode("ascii")
 
 
 def _unpickle(text: str) -> Any:
@@ -226,7 +228,7 @@ def _reference(fn: Any) -> tuple[str | None, str]:
     return f"{module}:{qualname}", ""
 
 
-def encode_function(fn: Any, allow_pickle: bool = False, field: str = "function") -> dict | None:
+def encode_function(fn: Any, allow_pickle: bool = False, field: str = "function") -> dict[str, str] | None:
     """``{"ref": "module:qualname"}`` for an importable function; else a pickle if allowed.
 
     None stays None. Raises ConfigError saying why ``fn`` has no reference when ``allow_pickle``
@@ -312,7 +314,7 @@ class _Writer(DefaultParamsWriter):
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extraMetadata=extra)
 
 
-class _Reader(DefaultParamsReader):
+class _Reader(DefaultParamsReader[Any]):
     """Rebuilds an instance with ``cls._from_metadata`` and restores its uid and Params."""
 
     def __init__(self, cls: Any) -> None:
@@ -353,7 +355,7 @@ class TFPersistence(MLWritable, MLReadable[Any]):
 
     def write(self) -> _Writer:
         """A writer: ``model.write().overwrite().save(path)`` (``.allowPickle()`` to pickle)."""
-        return _Writer(self)  # type: ignore[arg-type]
+        return _Writer(self)
 
     def save(self, path: str, allow_pickle: bool = False) -> None:
         """Save to ``path``; ``allow_pickle=True`` pickles what JSON or a reference cannot hold."""
@@ -362,7 +364,7 @@ class TFPersistence(MLWritable, MLReadable[Any]):
     @classmethod
     def read(cls) -> _Reader:
         """A reader: ``TFModel.read().load(path)``; ``.allowPickle()`` opts in to unpickling."""
-        return _Reader(cls)  # type: ignore[arg-type]
+        return _Reader(cls)
 
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False) -> Any:

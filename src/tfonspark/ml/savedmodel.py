@@ -13,14 +13,12 @@ Python worker never serves a stale model.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
+from .. import fs, proto
 from ..errors import ConfigError, DataFormatError
 
 __all__ = [
@@ -102,77 +100,50 @@ class MetaGraph:
 # ---- parsing saved_model.pb -------------------------------------------------------------------
 
 
-@functools.cache
+_SAVED_MODEL = proto.Schema(
+    "tfonspark.private.savedmodel",
+    (
+        proto.message(
+            "TensorShape",
+            proto.field("dim", 2, "TensorShape.Dim", repeated=True),
+            proto.field("unknown_rank", 3, "bool"),
+            nested=(proto.message("Dim", proto.field("size", 1, "int64")),),
+        ),
+        proto.message(
+            "TensorInfo",
+            proto.field("name", 1, "string"),
+            proto.field("dtype", 2, "int32"),  # the DataType enum, same wire format
+            proto.field("tensor_shape", 3, "TensorShape"),
+        ),
+        proto.message(
+            "SignatureDef",
+            proto.map_field("inputs", 1, "string", "TensorInfo"),
+            proto.map_field("outputs", 2, "string", "TensorInfo"),
+            proto.field("method_name", 3, "string"),
+        ),
+        proto.message("MetaInfoDef", proto.field("tags", 4, "string", repeated=True)),
+        proto.message(
+            "MetaGraphDef",
+            proto.field("meta_info_def", 1, "MetaInfoDef"),
+            proto.map_field("signature_def", 5, "string", "SignatureDef"),
+        ),
+        proto.message(
+            "SavedModel",
+            proto.field("saved_model_schema_version", 1, "int64"),
+            proto.field("meta_graphs", 2, "MetaGraphDef", repeated=True),
+        ),
+    ),
+)
+"""The parts of ``SavedModel`` we read.
+
+Field numbers follow tensorflow/core/protobuf/{saved_model,meta_graph}.proto and
+tensorflow/core/framework/tensor_shape.proto; every other field is skipped as unknown.
+"""
+
+
 def _saved_model_class() -> Any:
-    """A protobuf class wire-compatible with the parts of ``SavedModel`` we read.
-
-    Field numbers follow tensorflow/core/protobuf/{saved_model,meta_graph}.proto and
-    tensorflow/core/framework/tensor_shape.proto; every other field is skipped as unknown.
-    """
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    package = "tfonspark.private.savedmodel"
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="tfonspark_private_savedmodel.proto", package=package, syntax="proto3"
-    )
-    f = descriptor_pb2.FieldDescriptorProto
-
-    def message(name: str, fields: list[tuple[str, int, int, int, str]], parent: Any = None) -> Any:
-        msg = (parent.nested_type if parent is not None else fdp.message_type).add(name=name)
-        for fname, number, label, ftype, type_name in fields:
-            field = msg.field.add(name=fname, number=number, label=label, type=ftype)
-            if type_name:
-                field.type_name = f".{package}.{type_name}"
-        return msg
-
-    opt, rep = f.LABEL_OPTIONAL, f.LABEL_REPEATED
-    shape = message(
-        "TensorShape", [("dim", 2, rep, f.TYPE_MESSAGE, "TensorShape.Dim"), ("unknown_rank", 3, opt, f.TYPE_BOOL, "")]
-    )
-    message("Dim", [("size", 1, opt, f.TYPE_INT64, "")], parent=shape)
-    message(
-        "TensorInfo",
-        [
-            ("name", 1, opt, f.TYPE_STRING, ""),
-            ("dtype", 2, opt, f.TYPE_INT32, ""),
-            ("tensor_shape", 3, opt, f.TYPE_MESSAGE, "TensorShape"),
-        ],
-    )
-    sig = message(
-        "SignatureDef",
-        [
-            ("inputs", 1, rep, f.TYPE_MESSAGE, "SignatureDef.InputsEntry"),
-            ("outputs", 2, rep, f.TYPE_MESSAGE, "SignatureDef.OutputsEntry"),
-            ("method_name", 3, opt, f.TYPE_STRING, ""),
-        ],
-    )
-    for entry in ("InputsEntry", "OutputsEntry"):
-        message(
-            entry, [("key", 1, opt, f.TYPE_STRING, ""), ("value", 2, opt, f.TYPE_MESSAGE, "TensorInfo")], parent=sig
-        ).options.map_entry = True
-    message("MetaInfoDef", [("tags", 4, rep, f.TYPE_STRING, "")])
-    meta = message(
-        "MetaGraphDef",
-        [
-            ("meta_info_def", 1, opt, f.TYPE_MESSAGE, "MetaInfoDef"),
-            ("signature_def", 5, rep, f.TYPE_MESSAGE, "MetaGraphDef.SignatureDefEntry"),
-        ],
-    )
-    message(
-        "SignatureDefEntry",
-        [("key", 1, opt, f.TYPE_STRING, ""), ("value", 2, opt, f.TYPE_MESSAGE, "SignatureDef")],
-        parent=meta,
-    ).options.map_entry = True
-    message(
-        "SavedModel",
-        [
-            ("saved_model_schema_version", 1, opt, f.TYPE_INT64, ""),
-            ("meta_graphs", 2, rep, f.TYPE_MESSAGE, "MetaGraphDef"),
-        ],
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.SavedModel"))
+    """The protobuf class of ``SavedModel`` (only the fields in :data:`_SAVED_MODEL`)."""
+    return _SAVED_MODEL.message_class("SavedModel")
 
 
 def _spec(name: str, info: Any) -> TensorSpec:
@@ -189,11 +160,11 @@ def parse_saved_model(data: bytes, path: str = SAVED_MODEL_FILE) -> list[MetaGra
     from google.protobuf.message import DecodeError
 
     try:
-        proto = _saved_model_class().FromString(data)
+        saved_model = _saved_model_class().FromString(data)
     except DecodeError as err:
         raise DataFormatError(f"not a SavedModel protobuf ({err})", path=path) from err
     graphs = []
-    for mg in proto.meta_graphs:
+    for mg in saved_model.meta_graphs:
         signatures = {
             key: Signature(
                 key,
@@ -215,33 +186,9 @@ def resolve_export_dir(export_dir: str) -> str:
     """A location every executor reads the same way: URIs kept, local paths made absolute.
 
     Executors do not share the driver's working directory, so a relative path is resolved
-    here, on the driver.
+    here, on the driver (:func:`tfonspark.fs.qualify` against the local file system).
     """
-    if len(urlsplit(export_dir).scheme) > 1:  # a one-letter scheme is a Windows drive
-        return export_dir.rstrip("/")
-    return os.path.abspath(export_dir)
-
-
-def _read_file(location: str) -> bytes | None:
-    """The bytes of a local file or URI (any file system ``pyarrow.fs`` opens); None if missing."""
-    parts = urlsplit(location)
-    if len(parts.scheme) <= 1 or parts.scheme == "file":
-        local = unquote(parts.path) if parts.scheme == "file" else location
-        try:
-            with open(local, "rb") as fh:
-                return fh.read()
-        except FileNotFoundError:
-            return None
-    import pyarrow.fs as pafs
-
-    try:
-        fs, inner = pafs.FileSystem.from_uri(location)
-    except Exception as err:  # pyarrow raises ArrowInvalid / OSError for unknown or unreachable FS
-        raise ConfigError(f"cannot open the file system of {location!r}: {err}") from err
-    if fs.get_file_info(inner).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(inner) as stream:
-        return bytes(stream.read())
+    return fs.qualify(export_dir)
 
 
 def read_saved_model(export_dir: str) -> tuple[list[MetaGraph], str]:
@@ -251,8 +198,7 @@ def read_saved_model(export_dir: str) -> tuple[list[MetaGraph], str]:
     checksum of every variable), so it changes whenever the model is exported again with
     different weights.
     """
-    root = export_dir.rstrip("/")
-    data = _read_file(f"{root}/{SAVED_MODEL_FILE}")
+    data = fs.read_file(fs.join(export_dir, SAVED_MODEL_FILE))
     if data is None:
         raise ConfigError(
             f"export_dir holds no SavedModel ({SAVED_MODEL_FILE} not found); set "
@@ -260,8 +206,8 @@ def read_saved_model(export_dir: str) -> tuple[list[MetaGraph], str]:
             f"tfonspark.TFNode.export_saved_model. Received: export_dir={export_dir!r}"
         )
     digest = hashlib.sha256(data)
-    digest.update(_read_file(f"{root}/{VARIABLES_INDEX}") or b"")
-    return parse_saved_model(data, f"{root}/{SAVED_MODEL_FILE}"), digest.hexdigest()
+    digest.update(fs.read_file(fs.join(export_dir, VARIABLES_INDEX)) or b"")
+    return parse_saved_model(data, fs.join(export_dir, SAVED_MODEL_FILE)), digest.hexdigest()
 
 
 def select_signature(graphs: list[MetaGraph], tag_set: str | None, key: str, export_dir: str = "") -> Signature:

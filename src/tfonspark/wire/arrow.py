@@ -1,4 +1,10 @@
-"""Arrow record batches <-> columnar batches, without going through Python rows."""
+"""Arrow record batches <-> columnar batches (:class:`~tfonspark.wire.codec.ColumnBatch`), without Python rows.
+
+The other half of the wire format: the feeder turns a DataFrame's Arrow batches into the
+columns it sends (``mapInArrow``) and inference results back into Arrow; TFModel serving turns
+the columns of an Arrow UDF into the arrays a signature takes. Data errors name the column,
+partition and row (:class:`~tfonspark.errors.InputError`).
+"""
 
 from __future__ import annotations
 
