@@ -9,6 +9,7 @@ from pyspark.sql import types as T
 
 from tfonspark import dfutil
 from tfonspark.data import tfrecord as tr
+from tfonspark.data.tfrecord.example import example_class
 from tfonspark.errors import ConfigError, DataFormatError, InputError
 
 SCHEMA = T.StructType(
@@ -88,7 +89,7 @@ def test_round_trip_with_explicit_schema_and_file_uri(spark, df, tmp_path):
 def test_bad_input_fails_on_the_driver_with_our_errors(sc, spark, tmp_path):
     records = []
     for k in range(3):
-        example = tr._example_class()()
+        example = example_class()()
         example.features.feature["k"].int64_list.value.append(k)
         records.append(example.SerializeToString())
     good = str(tmp_path / "good")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import struct
 from pathlib import Path
@@ -15,7 +14,10 @@ from pyspark.sql import types as T
 import tfonspark.data as data_pkg
 from tfonspark import dfutil
 from tfonspark.data import tfrecord as tr
-from tfonspark.errors import ConfigError, DataFormatError, InputError
+from tfonspark.data.tfrecord import crc, infer, jobs
+from tfonspark.data.tfrecord import example as codec
+from tfonspark.errors import ConfigError, DataFormatError, InputError, TFoSError
+from tfonspark.wire import errors as wire_errors
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -23,7 +25,7 @@ from tfonspark.errors import ConfigError, DataFormatError, InputError
 
 def example(**features: tuple[str, list]) -> bytes:
     """A serialized Example: ``example(x=("int64_list", [1, 2]))``."""
-    ex = tr._example_class()()
+    ex = codec.example_class()()
     for name, (kind, values) in features.items():
         getattr(ex.features.feature[name], kind).SetInParent()
         getattr(ex.features.feature[name], kind).value.extend(values)
@@ -115,14 +117,14 @@ def test_crc32c_matches_published_vectors():
 def test_fallback_crc32c_equals_primary(size):
     data = random.Random(size).randbytes(size)
     expected = tr.crc32c(data)
-    assert tr._crc32c_table(data) == expected
-    assert tr._crc32c_numpy(data, lane=64) == expected  # many lanes: exercises every fold level
+    assert crc._crc32c_table(data) == expected
+    assert crc._crc32c_numpy(data, lane=64) == expected  # many lanes: exercises every fold level
 
 
 def test_fallback_switches_to_numpy_for_big_buffers(monkeypatch):
-    data = random.Random(1).randbytes(tr._NUMPY_MIN_BYTES + 3)
-    monkeypatch.setattr(tr, "_crc32c_table", lambda _: pytest.fail("table used for a big buffer"))
-    assert tr._crc32c_fallback(data) == tr.crc32c(data)
+    data = random.Random(1).randbytes(crc._NUMPY_MIN_BYTES + 3)
+    monkeypatch.setattr(crc, "_crc32c_table", lambda _: pytest.fail("table used for a big buffer"))
+    assert crc._crc32c_fallback(data) == tr.crc32c(data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +166,8 @@ def test_flipped_byte_names_file_and_record_offset(tmp_path, where, message):
     assert info.value.path == str(path)
     assert info.value.offset == offsets[2] == 62
     assert f"{path} at byte 62" in str(info.value)
-    clone = pickle.loads(pickle.dumps(info.value))  # travels from executors
+    clone = wire_errors.decode(wire_errors.encode(info.value))  # how it travels from executors
+    assert isinstance(clone, DataFormatError)
     assert (clone.path, clone.offset, str(clone)) == (str(path), 62, str(info.value))
 
 
@@ -196,9 +199,9 @@ def test_a_text_file_is_not_a_tfrecord_file(tmp_path):
 def test_arrow_rows_round_trip_through_examples(tmp_path):
     batch = pa.RecordBatch.from_pylist(ROWS, schema=ARROW)
     path = tmp_path / "rows"
-    tr.write_tfrecord_file(str(path), tr._encode_batch(batch, tr._plan_write(SCHEMA)))
+    tr.write_tfrecord_file(str(path), codec.encode_batch(batch, codec.plan_write(SCHEMA)))
     # explicit schema: identical values and Arrow types
-    back = list(tr._read_file_batches(str(path), tr._plan_read(SCHEMA)))
+    back = list(codec.read_file_batches(str(path), codec.plan_read(SCHEMA)))
     assert len(back) == 1
     assert back[0].schema.types == ARROW.types
     assert back[0].to_pylist() == ROWS
@@ -208,7 +211,7 @@ def test_arrow_rows_round_trip_through_examples(tmp_path):
         "struct<ab:array<binary>,af:array<double>,ai:array<bigint>,as_:array<string>,b:binary,"
         "d:double,f:double,flag:bigint,i:bigint,s:string,small:bigint>"
     )
-    rows = next(tr._read_file_batches(str(path), tr._plan_read(inferred))).to_pylist()
+    rows = next(codec.read_file_batches(str(path), codec.plan_read(inferred))).to_pylist()
     assert [r["ai"] for r in rows] == [[5], None, [1, -2, 2**62]]
     assert [r["flag"] for r in rows] == [1, None, 0]
     assert [r["b"] for r in rows] == [b"\xff\x00", None, b""]
@@ -217,8 +220,8 @@ def test_arrow_rows_round_trip_through_examples(tmp_path):
 def test_small_batches_split_by_rows(tmp_path):
     path = tmp_path / "many"
     tr.write_tfrecord_file(str(path), [example(n=("int64_list", [k])) for k in range(10)])
-    plan = tr._plan_read(T.StructType([T.StructField("n", T.LongType())]))
-    batches = list(tr._read_file_batches(str(path), plan, max_rows=4))
+    plan = codec.plan_read(T.StructType([T.StructField("n", T.LongType())]))
+    batches = list(codec.read_file_batches(str(path), plan, max_rows=4))
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert sum((b.column(0).to_pylist() for b in batches), []) == list(range(10))
 
@@ -231,7 +234,7 @@ def test_write_refuses_types_an_example_cannot_hold():
         T.MapType(T.StringType(), T.LongType()),
     ):
         with pytest.raises(InputError, match="cannot be stored") as info:
-            tr._plan_write(T.StructType([T.StructField("ok", T.LongType()), T.StructField("bad", dtype)]))
+            codec.plan_write(T.StructType([T.StructField("ok", T.LongType()), T.StructField("bad", dtype)]))
         assert info.value.column == "bad"
 
 
@@ -241,7 +244,7 @@ def test_write_refuses_null_elements_and_names_the_row():
         [{"v": [1]}, {"v": None}, {"v": [2, None]}], schema=pa.schema([("v", pa.list_(pa.int64()))])
     )
     with pytest.raises(InputError, match="null element") as info:
-        tr._encode_batch(batch, tr._plan_write(schema), partition=3, first_row=100)
+        codec.encode_batch(batch, codec.plan_write(schema), partition=3, first_row=100)
     assert (info.value.column, info.value.partition, info.value.row) == ("v", 3, 102)
 
 
@@ -279,7 +282,7 @@ def test_int64_and_float_mix_into_double_even_beyond_2_to_53(tmp_path):
     tr.write_tfrecord_file(str(path), [example(m=("float_list", [0.5])), example(m=("int64_list", [2**53 + 1]))])
     schema = tr.infer_schema(tr.read_tfrecord_file(str(path)))
     assert schema.simpleString() == "struct<m:double>"
-    rows = next(tr._read_file_batches(str(path), tr._plan_read(schema))).to_pylist()
+    rows = next(codec.read_file_batches(str(path), codec.plan_read(schema))).to_pylist()
     assert rows == [{"m": 0.5}, {"m": float(2**53)}]
 
 
@@ -292,7 +295,7 @@ def test_inference_refuses_bytes_mixed_with_numbers():
 
 
 def test_inference_of_kindless_empty_features():
-    ex = tr._example_class()()
+    ex = codec.example_class()()
     ex.features.feature["blank"].SetInParent()  # a Feature with no list set at all
     schema = tr.infer_schema([ex.SerializeToString()])
     assert schema["blank"].dataType == T.ArrayType(T.StringType())
@@ -312,9 +315,9 @@ def test_reading_data_that_does_not_fit_the_schema_names_the_record(tmp_path):
     offsets = [sum(16 + len(r) for r in records[:k]) for k in range(len(records))]
 
     def fails(field: T.StructField, message: str) -> int | None:
-        plan = tr._plan_read(T.StructType([field]))
+        plan = codec.plan_read(T.StructType([field]))
         with pytest.raises(DataFormatError, match=message) as info:
-            list(tr._read_file_batches(str(path), plan))
+            list(codec.read_file_batches(str(path), plan))
         assert info.value.path == str(path)
         return info.value.offset
 
@@ -332,37 +335,75 @@ def test_executor_inference_reads_only_infer_records_and_returns_errors(tmp_path
     tr.write_tfrecord_file(str(path), [example(x=("int64_list", [1])), example(x=("int64_list", [1, 2, 3]))])
 
     def schema(limit):
-        [stats] = tr._summarize_files([str(path)], binary=frozenset(), limit=limit)
-        return tr._schema_from_stats(stats, frozenset()).simpleString()
+        [stats] = jobs._infer_task([str(path)], binary=frozenset(), limit=limit)
+        return infer.schema_from_stats(stats, frozenset()).simpleString()
 
     assert schema(1) == "struct<x:bigint>"
     assert schema(None) == "struct<x:array<bigint>>"
     flip(path, 5)
-    [error] = tr._summarize_files([str(path)], binary=frozenset(), limit=None)
-    assert isinstance(error, DataFormatError) and error.offset == 0  # returned, not raised
+    [text] = jobs._infer_task([str(path)], binary=frozenset(), limit=None)  # returned, not raised
+    with pytest.raises(DataFormatError) as info:
+        wire_errors.reraise(text)
+    assert (info.value.path, info.value.offset) == (str(path), 0)
 
 
 def test_executor_write_task_outside_spark(tmp_path):
     schema = T.StructType([T.StructField("v", T.ArrayType(T.LongType()))])
     arrow = pa.schema([("v", pa.list_(pa.int64()))])
-    plan = tr._plan_write(schema)
+    plan = codec.plan_write(schema)
     batches = [pa.RecordBatch.from_pylist([{"v": [1, 2]}, {"v": []}], schema=arrow)] * 2
-    [result] = tr._write_task(iter(batches), uri=str(tmp_path), job="j1", plan=plan)
+    [result] = jobs._write_task(iter(batches), uri=str(tmp_path), job="j1", plan=plan)
     assert result.to_pylist() == [{"partition": 0, "records": 4, "name": "part-r-00000", "error": None}]
     assert os.listdir(tmp_path / "_temporary" / "j1") == ["part-r-00000"]  # no attempt files
     back = list(tr.read_tfrecord_file(str(tmp_path / "_temporary" / "j1" / "part-r-00000")))
-    assert back == tr._encode_batch(batches[0], plan) * 2
+    assert back == codec.encode_batch(batches[0], plan) * 2
 
     bad = [pa.RecordBatch.from_pylist([{"v": [1]}, {"v": [None]}], schema=arrow)]
-    [result] = tr._write_task(iter(bad), uri=str(tmp_path), job="j2", plan=plan)
-    error = pickle.loads(result.column("error")[0].as_py())
+    [result] = jobs._write_task(iter(bad), uri=str(tmp_path), job="j2", plan=plan)
+    error = wire_errors.decode(result.column("error")[0].as_py())
     assert isinstance(error, InputError) and (error.column, error.row) == ("v", 1)
     assert os.listdir(tmp_path / "_temporary" / "j2") == []
 
 
+def test_executor_read_task_errors_reach_the_driver_typed(tmp_path):
+    path = tmp_path / "bad"
+    records_file(path, [10, 10])
+    flip(path, 16 + 10 + 12 + 1)  # a data byte of the second record
+    schema = T.StructType([T.StructField("x", T.LongType())])
+    indexes = pa.RecordBatch.from_pydict({"id": [0]})
+    with pytest.raises(wire_errors.CapturedError) as info:
+        list(jobs._read_task(iter([indexes]), files=(str(path),), schema=schema))
+    with pytest.raises(DataFormatError, match="CRC mismatch") as typed:
+        wire_errors.reraise(RuntimeError(f"Traceback (most recent call last): ...\n{info.value}"))
+    assert typed.value.offset == 26
+
+
+def test_failed_spark_actions_raise_the_typed_error_or_a_summary():
+    marker = wire_errors.encode(InputError("null element", column="v", row=1))
+
+    def fail(text: str) -> None:
+        raise RuntimeError(text)
+
+    with pytest.raises(InputError) as info:
+        jobs._run("saving", lambda: fail(f"Traceback ...\nCapturedError: InputError: null element {marker}"))
+    assert (info.value.column, info.value.row) == ("v", 1)
+    with pytest.raises(TFoSError, match="saving TFRecords to 'd' failed on an executor: OSError: disk full"):
+        jobs._run("saving TFRecords to 'd'", lambda: fail("Traceback ...\n  File x\nOSError: disk full\n\tat java"))
+    with pytest.raises(InputError):
+        jobs._raise_returned(marker)
+    with pytest.raises(TFoSError, match="could not be decoded"):
+        jobs._raise_returned("garbage")
+
+
+def test_no_pickle_in_the_data_package():
+    root = Path(data_pkg.__file__).parent
+    for source in root.rglob("*.py"):
+        assert "pickle" not in source.read_text(), source
+
+
 def test_load_schema_refuses_unsupported_types():
     with pytest.raises(ConfigError, match="'when'"):
-        tr._plan_read(T.StructType([T.StructField("when", T.TimestampType())]))
+        codec.plan_read(T.StructType([T.StructField("when", T.TimestampType())]))
 
 
 def test_a_record_that_is_not_an_example(tmp_path):
@@ -374,28 +415,7 @@ def test_a_record_that_is_not_an_example(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# paths and file systems
-
-
-def test_qualify_follows_hadoop_rules():
-    assert tr._qualify("rel/dir", cwd="/base") == "/base/rel/dir"
-    assert tr._qualify("/abs/dir/", cwd="/base") == "/abs/dir"
-    assert tr._qualify("file:///tmp/x/") == "file:///tmp/x"
-    assert tr._qualify("hdfs://nn:8020/data/x/") == "hdfs://nn:8020/data/x"
-    hdfs = "hdfs://nn:8020"
-    assert tr._qualify("/abs", default_fs=hdfs, user="ann") == "hdfs://nn:8020/abs"
-    assert tr._qualify("rel/x", default_fs=hdfs, user="ann") == "hdfs://nn:8020/user/ann/rel/x"
-    with pytest.raises(ConfigError):
-        tr._qualify("")
-
-
-def test_filesystem_resolution(tmp_path):
-    import pyarrow.fs as pafs
-
-    fs, path = tr._filesystem((tmp_path / "a b").as_uri())
-    assert isinstance(fs, pafs.LocalFileSystem) and path == str(tmp_path / "a b")
-    with pytest.raises(ConfigError, match="supported: local paths, file://"):
-        tr._filesystem("nosuchfs://bucket/dir")
+# input listing
 
 
 def test_listing_skips_markers_hidden_files_and_directories(tmp_path):
@@ -403,13 +423,13 @@ def test_listing_skips_markers_hidden_files_and_directories(tmp_path):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "sub").mkdir()
     root = str(tmp_path)
-    assert tr._list_record_files(root) == [f"{root}/other", f"{root}/part-r-00000", f"{root}/part-r-00001"]
-    assert tr._list_record_files(f"{root}/part-*") == [f"{root}/part-r-00000", f"{root}/part-r-00001"]
-    assert tr._list_record_files(f"{root}/other") == [f"{root}/other"]
+    assert jobs.list_record_files(root) == [f"{root}/other", f"{root}/part-r-00000", f"{root}/part-r-00001"]
+    assert jobs.list_record_files(f"{root}/part-*") == [f"{root}/part-r-00000", f"{root}/part-r-00001"]
+    assert jobs.list_record_files(f"{root}/other") == [f"{root}/other"]
     with pytest.raises(ConfigError, match="does not exist"):
-        tr._list_record_files(f"{root}/missing")
+        jobs.list_record_files(f"{root}/missing")
     with pytest.raises(ConfigError, match="no TFRecord files"):
-        tr._list_record_files(str(tmp_path / "sub"))
+        jobs.list_record_files(str(tmp_path / "sub"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,7 +458,7 @@ def tf():
 def test_tensorflow_reads_our_files(tf, tmp_path):
     path = tmp_path / "ours"
     batch = pa.RecordBatch.from_pylist(ROWS, schema=ARROW)
-    tr.write_tfrecord_file(str(path), tr._encode_batch(batch, tr._plan_write(SCHEMA)))
+    tr.write_tfrecord_file(str(path), codec.encode_batch(batch, codec.plan_write(SCHEMA)))
     spec = {
         "i": tf.io.FixedLenFeature([], tf.int64, default_value=0),
         "d": tf.io.FixedLenFeature([], tf.float32, default_value=0.0),
@@ -469,7 +489,7 @@ def test_we_read_tensorflow_files(tf, tmp_path):
             writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     schema = tr.infer_schema(tr.read_tfrecord_file(str(path)))
     assert schema.simpleString() == "struct<img:binary,label:bigint,name:string,vec:array<double>>"
-    rows = next(tr._read_file_batches(str(path), tr._plan_read(schema))).to_pylist()
+    rows = next(codec.read_file_batches(str(path), codec.plan_read(schema))).to_pylist()
     assert rows == [
         {"img": b"\x00\xff", "label": 0, "name": "n0", "vec": [0.5]},
         {"img": None, "label": 1, "name": "n1", "vec": [0.5, 0.5, 0.5]},
