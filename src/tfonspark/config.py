@@ -1,12 +1,19 @@
-"""Settings that travel from the driver to every node, validated on construction."""
+"""What travels from the driver to every node, validated on construction.
+
+The settings among it (feed buffer, TensorBoard port, bind address, heartbeat timeout,
+collective) are resolved once on the driver by :func:`tfonspark.settings.resolve`; their
+defaults and checks live in :data:`tfonspark.settings.SETTINGS`, not here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from . import settings
 from .errors import ConfigError
 
 __all__ = ["InputMode", "NodeConfig"]
@@ -34,11 +41,12 @@ class NodeConfig:
     reservation_timeout: float = 600.0
     default_fs: str = "file://"
     chief_job: str = "worker"
-    feed_buffer_bytes: int = 64 * 1024 * 1024
-    tensorboard_port: int = 0
+    feed_buffer_bytes: int = settings.DEFAULT_FEED_BUFFER_BYTES
+    tensorboard_port: int = 0  # 0 = the node's TENSORBOARD_PORT, else a free port
     bind_host: str = ""  # where node servers bind; "" = the node's advertised address
     heartbeat_secs: float = 5.0  # supervisor <-> driver liveness messages
-    heartbeat_timeout: float = 60.0  # silence after which the other side is taken as gone
+    heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT  # silence after which the other side is gone
+    collective: str = settings.DEFAULT_COLLECTIVE  # the TF process's TFONSPARK_COLLECTIVE
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
@@ -49,14 +57,31 @@ class NodeConfig:
             raise ConfigError(f"reservation_timeout must be > 0 seconds. Received: {self.reservation_timeout!r}")
         if len(self.secret_hex) < 32:
             raise ConfigError("the cluster secret is too short")
+        for name in _SHIPPED_SETTINGS:
+            settings.check(name, getattr(self, name), source="NodeConfig")
+
+    def on_node(self, environ: Mapping[str, str] | None = None) -> NodeConfig:
+        """This config as a node sees it: settings also read on the node (``TENSORBOARD_PORT``,
+        ``TFONSPARK_COLLECTIVE``) take the node's own variable where the driver had the default."""
+        changes = {
+            s.name: settings.node_value(s.name, getattr(self, s.name), environ) for s in settings.SETTINGS if s.on_node
+        }
+        return dataclasses.replace(self, **changes)
 
     @property
     def secret(self) -> bytes:
+        """The cluster secret that authenticates every connection."""
         return bytes.fromhex(self.secret_hex)
 
     def to_json(self) -> str:
+        """JSON for the bootstrap a node process reads (the secret included: it travels on a pipe)."""
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> NodeConfig:
+        """The inverse of :meth:`to_json`."""
         return cls(**json.loads(text))
+
+
+#: The settings a node needs (the others, such as the rendezvous address, stay on the driver).
+_SHIPPED_SETTINGS = ("feed_buffer_bytes", "tensorboard_port", "bind_host", "heartbeat_timeout", "collective")

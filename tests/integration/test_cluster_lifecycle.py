@@ -194,12 +194,19 @@ def _sleep_until_stopped(args, ctx):
 
 
 def test_tensorboard_serves_until_shutdown(sc, tmp_path, no_leftovers):
-    os.environ["TENSORBOARD_PORT"] = str(_free_port())
+    port = _free_port()  # the tensorboard_port setting (keyword, Spark conf or TENSORBOARD_PORT)
     cluster = tfonspark.run(
-        sc, _sleep_until_stopped, 20, 2, tensorboard=True, log_dir=str(tmp_path), reservation_timeout=120
+        sc,
+        _sleep_until_stopped,
+        20,
+        2,
+        tensorboard=True,
+        log_dir=str(tmp_path),
+        reservation_timeout=120,
+        tensorboard_port=port,
     )
     url = cluster.tensorboard_url()
-    assert url and url.endswith(os.environ["TENSORBOARD_PORT"])
+    assert url and url.endswith(f":{port}")
     local = "http://127.0.0.1:" + url.rsplit(":", 1)[1]
     assert wait_until(lambda: _http_status(local) == 200, 30)
     cluster.shutdown(timeout=120)

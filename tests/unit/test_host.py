@@ -155,7 +155,6 @@ def fake_tensorboard(monkeypatch):
         connected.append(address)
         return _Conn()
 
-    monkeypatch.delenv("TENSORBOARD_PORT", raising=False)
     monkeypatch.setattr(tensorboard.subprocess, "Popen", _FakeTensorBoard)
     monkeypatch.setattr(tensorboard.socket, "create_connection", create_connection)
     return connected
@@ -194,6 +193,12 @@ def test_tensorboard_free_port_is_picked_on_the_bind_host(fake_tensorboard, tmp_
     port = int(_arg(_FakeTensorBoard.last, "--port"))
     assert bound == [("127.0.0.1", 0)] and port > 0
     assert url == f"http://127.0.0.1:{port}"
+
+
+def test_tensorboard_takes_its_port_from_the_caller_not_the_environment(fake_tensorboard, tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_PORT", "6999")  # the supervisor reads it into NodeConfig.tensorboard_port
+    url = tensorboard.start_tensorboard(str(tmp_path), "127.0.0.1", 6126)
+    assert _arg(_FakeTensorBoard.last, "--port") == "6126" and url == "http://127.0.0.1:6126"
 
 
 def test_tensorboard_ipv6_url_is_bracketed(fake_tensorboard, tmp_path):

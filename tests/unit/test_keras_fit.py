@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfonspark.distribute as distribute
 import tfonspark.keras as tfk
-from tfonspark.distribute.resolver import task_info
+from tfonspark.distribute.tf_config import task_info
 from tfonspark.errors import ConfigError
 
 W_TRUE = np.array([[3.0], [2.0]], dtype="float32")
@@ -110,6 +110,9 @@ def test_strategy_is_cached_and_refuses_another_tf_config(strategy):
         distribute.strategy()
     with pytest.raises(ConfigError, match="collective"):
         distribute.strategy(communication="carrier-pigeon")
+    os.environ["TFONSPARK_COLLECTIVE"] = "pigeon"  # outside tfonspark the variable is read here
+    with pytest.raises(ConfigError, match=r"TFONSPARK_COLLECTIVE must be .*'pigeon' \(from the environment\)"):
+        distribute.strategy()
 
 
 # -- training --------------------------------------------------------------------------------
@@ -414,8 +417,9 @@ def test_tf_keras_model_is_trained_by_its_own_fit(tmp_path):
 # -- public surface --------------------------------------------------------------------------
 
 
-def test_reading_tf_config_does_not_import_tensorflow():
-    code = "import sys, tfonspark.distribute.resolver; sys.exit('tensorflow' in sys.modules)"
+@pytest.mark.parametrize("module", ["tfonspark.distribute.tf_config", "tfonspark.executor.supervisor"])
+def test_tf_config_and_the_supervisor_do_not_import_tensorflow_or_keras(module):
+    code = f"import sys, {module}; sys.exit(any(m in sys.modules for m in ('tensorflow', 'keras')))"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

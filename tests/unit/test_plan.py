@@ -7,13 +7,13 @@ import os
 
 import pytest
 
+from tfonspark.distribute.tf_config import build_tf_config, task_info
 from tfonspark.driver.plan import (
     CHIEF_ROLES,
     DATA_ROLES,
     SERVICE_ROLES,
     NodeRole,
     build_cluster_spec,
-    build_tf_config,
     plan_roles,
 )
 from tfonspark.errors import ConfigError
@@ -136,7 +136,7 @@ def test_cluster_spec_missing_address():
         build_cluster_spec(plan_roles(3), {0: "h:1"})
 
 
-# ---- build_tf_config -------------------------------------------------------------------------------
+# ---- build_tf_config (distribute/tf_config.py, beside its reader) -----------------------------------
 
 SPEC = {"ps": ["h0:2222"], "chief": ["h1:2222"], "evaluator": ["h2:2222"], "worker": ["h3:2222", "h4:2222"]}
 
@@ -150,6 +150,16 @@ def test_tf_config_json():
 def test_tf_config_for_a_task_outside_the_spec(job, index):
     with pytest.raises(ConfigError, match=rf"task {job}:{index} is not in the cluster spec"):
         build_tf_config(SPEC, job, index)
+
+
+def test_tf_config_reads_back_what_it_writes():
+    roles = plan_roles(4, master_node="chief", eval_node=True)  # the roles MultiWorkerMirroredStrategy takes
+    spec = build_cluster_spec(roles, {r.executor_id: f"h{r.executor_id}:2222" for r in roles})
+    for role in roles:
+        info = task_info(build_tf_config(spec, role.job_name, role.task_index))
+        assert (info.task_type, info.task_id) == (role.job_name, role.task_index)
+        assert info.is_chief == (role.job_name == "chief")
+        assert info.cluster == {job: tuple(hosts) for job, hosts in spec.items()}
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tfonspark import settings
 from tfonspark.config import NodeConfig
 from tfonspark.driver.plan import build_cluster_spec, plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer, bind_server_socket
@@ -40,8 +41,8 @@ HELLO = len(f.MAGIC) + 1 + f.NONCE  # what the server says before the peer has p
 def make_server():
     servers: list[RendezvousServer] = []
 
-    def make(roles, secret: bytes = SECRET, **kwargs) -> RendezvousServer:
-        server = RendezvousServer(CLUSTER, roles, secret, "127.0.0.1", **kwargs)
+    def make(roles, secret: bytes = SECRET, host: str = "127.0.0.1", **kwargs) -> RendezvousServer:
+        server = RendezvousServer(CLUSTER, roles, secret, host, **kwargs)
         servers.append(server)
         return server
 
@@ -488,12 +489,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_tfos_server_port_is_honoured(make_server, monkeypatch):
+def _server_from_environment(make_server, environ: dict[str, str], host: str = "127.0.0.1") -> RendezvousServer:
+    """The server as run() makes it (advertising ``host``), from settings resolved from ``environ``."""
+    resolved = settings.resolve(environ=environ)
+    return make_server(plan_roles(1), host=host, port_spec=resolved.server_port, bind_host=resolved.server_host or None)
+
+
+def test_tfos_server_port_is_honoured(make_server):
     for _ in range(5):  # another process may grab the port in between; retry a few times
         port = _free_port()
-        monkeypatch.setenv("TFOS_SERVER_PORT", str(port))
         try:
-            server = make_server(plan_roles(1))
+            server = _server_from_environment(make_server, {"TFOS_SERVER_PORT": str(port)})
         except ConfigError:
             continue
         assert server.address == ("127.0.0.1", port)
@@ -501,43 +507,40 @@ def test_tfos_server_port_is_honoured(make_server, monkeypatch):
     pytest.fail("could not bind any free port through TFOS_SERVER_PORT")
 
 
-def test_tfos_server_port_range_skips_busy_ports(make_server, monkeypatch):
+def test_tfos_server_port_range_skips_busy_ports(make_server):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     low = busy.getsockname()[1]
     try:
-        monkeypatch.setenv("TFOS_SERVER_PORT", f"{low}-{low + 20}")
-        server = make_server(plan_roles(1))
+        server = _server_from_environment(make_server, {"TFOS_SERVER_PORT": f"{low}-{low + 20}"})
         assert low < server.address[1] <= low + 20
         # all ports of the range busy -> a ConfigError that names the setting
-        monkeypatch.setenv("TFOS_SERVER_PORT", f"{low}-{low}")
         with pytest.raises(ConfigError, match="TFOS_SERVER_PORT"):
-            make_server(plan_roles(1))
+            _server_from_environment(make_server, {"TFOS_SERVER_PORT": f"{low}-{low}"})
     finally:
         busy.close()
 
 
-def test_explicit_port_spec_wins_over_the_environment(make_server, monkeypatch):
-    monkeypatch.setenv("TFOS_SERVER_PORT", "not-a-port")
-    server = make_server(plan_roles(1), port_spec="")
-    assert server.address[1] > 0
+def test_the_server_itself_reads_no_environment(make_server, monkeypatch):
+    monkeypatch.setenv("TFOS_SERVER_PORT", "not-a-port")  # settings.resolve() reads these, once, in run()
+    monkeypatch.setenv("TFOS_SERVER_HOST", "0.0.0.0")
+    server = make_server(plan_roles(1))
+    assert server.address[0] == "127.0.0.1" and server.address[1] > 0
 
 
-def test_tfos_server_host_is_honoured(make_server, monkeypatch):
-    monkeypatch.setenv("TFOS_SERVER_HOST", "127.0.0.1")
-    server = RendezvousServer(CLUSTER, plan_roles(1), SECRET, "0.0.0.0")
-    try:
-        assert server.address[0] == "127.0.0.1"
-    finally:
-        server.close()
+def test_tfos_server_host_is_honoured(make_server):
+    server = _server_from_environment(make_server, {"TFOS_SERVER_HOST": "127.0.0.1"}, host="0.0.0.0")
+    assert server.address[0] == "127.0.0.1"
 
 
 @pytest.mark.parametrize("spec", ["abc", "10-5", "5000-", "-5000", "5000-50x", "70000", "1-99999", "1.5"])
-def test_bad_tfos_server_port_is_a_config_error(make_server, monkeypatch, spec):
-    monkeypatch.setenv("TFOS_SERVER_PORT", spec)
+def test_bad_tfos_server_port_is_a_config_error(make_server, spec):
     with pytest.raises(ConfigError, match="TFOS_SERVER_PORT") as info:
-        make_server(plan_roles(1))
+        _server_from_environment(make_server, {"TFOS_SERVER_PORT": spec})
+    assert repr(spec) in str(info.value) and "(from the environment)" in str(info.value)
+    with pytest.raises(ConfigError, match="port_spec") as info:  # given directly, the argument is named
+        make_server(plan_roles(1), port_spec=spec)
     assert repr(spec) in str(info.value)
 
 
@@ -635,14 +638,12 @@ def test_a_wildcard_bind_is_never_advertised(make_server, wildcard):
         conn.close()
 
 
-def test_tfos_server_host_wildcard_is_bound_but_not_advertised(make_server, monkeypatch):
-    monkeypatch.setenv("TFOS_SERVER_HOST", "0.0.0.0")
-    server = make_server(plan_roles(1))
+def test_tfos_server_host_wildcard_is_bound_but_not_advertised(make_server):
+    server = _server_from_environment(make_server, {"TFOS_SERVER_HOST": "0.0.0.0"})
     assert server.address[0] == "127.0.0.1"
 
 
-def test_an_explicit_bind_host_is_advertised_as_bound(monkeypatch):
-    monkeypatch.setenv("TFOS_SERVER_HOST", "0.0.0.0")  # bind_host wins over the environment
+def test_an_explicit_bind_host_is_advertised_as_bound():
     server = RendezvousServer(CLUSTER, plan_roles(1), SECRET, "10.9.8.7", bind_host="127.0.0.1")
     try:
         assert server.address[0] == "127.0.0.1"

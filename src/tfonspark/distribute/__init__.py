@@ -10,9 +10,10 @@ Typical ``main_fun`` on every node::
     history = distribute.fit(model, dataset, epochs=3, model_dir=shared_dir)
     distribute.export_saved_model(model, export_dir)   # every node calls; the chief writes
 
-Names are loaded on first use, so ``tfonspark.distribute.resolver`` (pure ``TF_CONFIG`` reading)
-can be imported on a driver without TensorFlow; the others import TensorFlow and Keras but run
-no TensorFlow op at import.
+Names are loaded on first use (PEP 562), so ``tfonspark.distribute.tf_config`` (``TF_CONFIG``
+written and read without TensorFlow) can be imported by the supervisor and on a driver; the
+other submodules import TensorFlow and Keras but run no TensorFlow op at import. Submodules
+import each other, never this package.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .checkpoint import EpochCheckpoint, export_saved_model
     from .keras_fit import DatasetFn, DistributedTrainer, Progress, fit
-    from .resolver import TaskInfo, is_chief, task_info
     from .strategies import check_model_strategy, strategy, task_info_of
+    from .tf_config import TaskInfo, is_chief, task_info
 
 __all__ = [
     "DatasetFn",
@@ -46,13 +47,13 @@ _HOMES = {
     "DistributedTrainer": "keras_fit",
     "EpochCheckpoint": "checkpoint",
     "Progress": "keras_fit",
-    "TaskInfo": "resolver",
+    "TaskInfo": "tf_config",
     "check_model_strategy": "strategies",
     "export_saved_model": "checkpoint",
     "fit": "keras_fit",
-    "is_chief": "resolver",
+    "is_chief": "tf_config",
     "strategy": "strategies",
-    "task_info": "resolver",
+    "task_info": "tf_config",
     "task_info_of": "strategies",
 }
 

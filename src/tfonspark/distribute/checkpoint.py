@@ -104,13 +104,41 @@ def export_saved_model(
     *,
     strategy: tf.distribute.Strategy | None = None,
     input_signature: Any = None,
+    signatures: Any = None,
+    is_chief: bool | None = None,
 ) -> str | None:
-    """Export ``model`` as a SavedModel with a ``serve`` endpoint; only the chief keeps it.
+    """Export ``model`` (Keras 3, tf_keras or ``tf.Module``) as a SavedModel; return where it went.
 
-    Every worker must call this (same rule as checkpoints); non-chief workers export into a
-    temporary directory that is deleted. Returns ``export_dir`` on the chief, ``None`` elsewhere.
-    Load with ``tf.saved_model.load(export_dir).serve(x)``.
+    The one export of tfonspark: ``tfonspark.keras.export_saved_model``,
+    ``tfonspark.distribute.export_saved_model``, ``ctx.export_saved_model`` and TFoS's
+    ``TFNode.export_saved_model`` all call it. Who writes:
+
+    * **every worker exports, the chief keeps it** (the multi-worker rule, as for checkpoints:
+      reading a distributed variable may be a collective op) when ``is_chief`` is None, and
+      always for a Keras model built under a distribution strategy without ``signatures``
+      (whatever ``is_chief`` says). The chief is ``strategy``'s, else the model's, else that of
+      the current strategy (``TF_CONFIG``). Non-chief workers write into a temporary directory
+      that is removed;
+    * otherwise **the caller decides**: only where ``is_chief`` is true (TFoS semantics).
+
+    How: with ``signatures``, ``tf.saved_model.save(model, dir, signatures=...)``; a Keras 3
+    model with ``model.export`` (a ``serve`` endpoint; ``input_signature`` optional); a
+    tf_keras model with ``model.export`` (no ``input_signature``); anything else
+    ``tf.saved_model.save``. Load with ``tf.saved_model.load(export_dir).serve(x)``.
+
+    Returns ``export_dir`` where this process wrote it, else None.
     """
+    if signatures is not None and input_signature is not None:
+        raise ConfigError(
+            "pass either signatures (tf.saved_model.save) or input_signature (model.export), not both. "
+            f"Received: signatures={signatures!r}, input_signature={input_signature!r}"
+        )
+    built_under_strategy = signatures is None and getattr(model, "_distribute_strategy", None) is not None
+    if is_chief is not None and not built_under_strategy:
+        if not is_chief:
+            return None
+        _export(model, os.fspath(export_dir), input_signature, signatures)
+        return os.fspath(export_dir)
     if strategy is None:
         strategy = getattr(model, "_distribute_strategy", None) or tf.distribute.get_strategy()
     task = task_info_of(strategy)
@@ -118,7 +146,7 @@ def export_saved_model(
     if not task.is_chief:
         target = tempfile.mkdtemp(prefix=f"tfonspark-export-{task.task_type}{task.task_id}-")
     try:
-        _export(model, target, input_signature)
+        _export(model, target, input_signature, signatures)
     finally:
         if not task.is_chief:
             shutil.rmtree(target, ignore_errors=True)
@@ -128,11 +156,12 @@ def export_saved_model(
     return None
 
 
-def _export(model: Any, path: str, input_signature: Any) -> None:
-    """Keras 3 and tf_keras >= 2.13 have ``model.export``; older objects use tf.saved_model."""
+def _export(model: Any, path: str, input_signature: Any, signatures: Any = None) -> None:
+    """``signatures``: tf.saved_model; Keras 3 and tf_keras >= 2.13 have ``model.export``; older
+    objects use tf.saved_model."""
     export = getattr(model, "export", None)
-    if export is None:
-        tf.saved_model.save(model, path)
+    if signatures is not None or export is None:
+        tf.saved_model.save(model, path, signatures=signatures)
     elif keras_flavor(model) == "keras3":
         export(path, format="tf_saved_model", verbose=False, input_signature=input_signature)
     elif input_signature is not None:

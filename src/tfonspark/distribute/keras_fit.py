@@ -74,8 +74,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import ConfigError, InputError
-from . import strategies
 from .checkpoint import EpochCheckpoint, export_saved_model
+from .strategies import check_model_strategy, keras_flavor, sum_across_replicas, task_info_of
+from .strategies import strategy as process_strategy
 
 __all__ = ["DatasetFn", "DistributedTrainer", "Progress", "fit"]
 
@@ -151,7 +152,7 @@ class DistributedTrainer:
         if log_every_steps < 0:
             raise ConfigError(f"log_every_steps must be >= 0. Received: {log_every_steps!r}")
         self.model, self.strategy = _model_and_strategy(model, strategy)
-        self.flavor = strategies.keras_flavor(self.model)
+        self.flavor = keras_flavor(self.model)
         if self.flavor == "tf_keras" and on_progress is not None:
             raise ConfigError(
                 "on_progress is not supported for tf_keras models (they train with their own "
@@ -169,7 +170,7 @@ class DistributedTrainer:
     @property
     def is_chief(self) -> bool:
         """Whether this process is the chief (it keeps checkpoints and exports)."""
-        return strategies.task_info_of(self.strategy).is_chief
+        return task_info_of(self.strategy).is_chief
 
     def fit(
         self,
@@ -247,7 +248,7 @@ class DistributedTrainer:
         if self._checkpoint is not None:
             self._checkpoint.save(epoch + 1)
         local_replicas = len(self.strategy.extended.worker_devices)
-        stop_votes, global_rows = strategies.sum_across_replicas(
+        stop_votes, global_rows = sum_across_replicas(
             self.strategy, [1.0 if self.model.stop_training else 0.0, rows / local_replicas]
         )
         self._report(
@@ -348,7 +349,7 @@ class DistributedTrainer:
                 symbolic_build(data_batch=batch)
             elif not self.model.optimizer.built:
                 self.model.optimizer.build(self.model.trainable_variables)
-        strategies.check_model_strategy(self.model, self.strategy)
+        check_model_strategy(self.model, self.strategy)
 
     def _restore(self) -> int:
         """Completed epochs found in ``model_dir`` (0 without one); a collective."""
@@ -372,7 +373,7 @@ class DistributedTrainer:
 
     @property
     def _worker(self) -> int:
-        return strategies.task_info_of(self.strategy).task_id
+        return task_info_of(self.strategy).task_id
 
     def _report_step(
         self,
@@ -566,7 +567,7 @@ def _next_step(step_fn: Callable[[Any], Any], data: _Input, step: int) -> Any:
 
 def _model_and_strategy(model: Any, strategy: tf.distribute.Strategy | None) -> tuple[Any, Any]:
     """Resolve the contract: a scoped compiled model, or a build_fn called in the scope."""
-    flavor = strategies.keras_flavor(model)
+    flavor = keras_flavor(model)
     if flavor == "tf_keras":
         return model, strategy or model.distribute_strategy
     if flavor == "keras3":
@@ -577,16 +578,16 @@ def _model_and_strategy(model: Any, strategy: tf.distribute.Strategy | None) -> 
                 "`with tfonspark.distribute.strategy().scope():`, or pass a build_fn that "
                 "returns a compiled model."
             )
-        strategies.check_model_strategy(model, strategy)
+        check_model_strategy(model, strategy)
         return model, strategy
     if not callable(model):
         raise ConfigError(
             f"model must be a compiled Keras model or a build_fn returning one. Received: {type(model).__name__}"
         )
-    strategy = strategy or strategies.strategy()
+    strategy = strategy or process_strategy()
     with strategy.scope():
         built = model()
-    if strategies.keras_flavor(built) == "":
+    if keras_flavor(built) == "":
         raise ConfigError(f"build_fn must return a compiled Keras model. Received: {type(built).__name__}")
     return _model_and_strategy(built, strategy)
 

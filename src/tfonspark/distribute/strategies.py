@@ -5,6 +5,10 @@ is only possible before the first TensorFlow op runs. So :func:`strategy` must b
 TensorFlow call of a node's ``main_fun``; it creates the strategy from ``TF_CONFIG`` once and
 returns the same object afterwards. Without ``TF_CONFIG`` it returns a one-worker MWMS over the
 local devices, so single-process runs take the same code path as clusters.
+
+The collective implementation comes from ``communication``, else ``$TFONSPARK_COLLECTIVE``: in a
+tfonspark node the supervisor sets that variable from the resolved ``collective`` setting
+(:mod:`tfonspark.settings`); outside tfonspark a user sets it, or nothing (``auto``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from .. import settings
 from ..errors import ConfigError
-from .resolver import TF_CONFIG_ENV, TaskInfo, task_info
+from ..settings import COLLECTIVE_ENV
+from .tf_config import TF_CONFIG_ENV, TaskInfo, task_info
 
 __all__ = [
     "COLLECTIVE_ENV",
@@ -29,13 +35,8 @@ __all__ = [
     "task_info_of",
 ]
 
-COLLECTIVE_ENV = "TFONSPARK_COLLECTIVE"
-"""Environment variable choosing the collective implementation: ``auto``, ``ring`` or ``nccl``."""
-
 _IMPLEMENTATIONS = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    name: getattr(tf.distribute.experimental.CommunicationImplementation, name.upper()) for name in settings.COLLECTIVES
 }
 
 _lock = threading.Lock()
@@ -45,19 +46,14 @@ _cached: tuple[tf.distribute.Strategy, tuple[str, str]] | None = None
 def strategy(*, communication: str | None = None) -> tf.distribute.Strategy:
     """Return this process's MWMS, creating it from ``TF_CONFIG`` on the first call.
 
-    ``communication`` (default: ``$TFONSPARK_COLLECTIVE`` or ``"auto"``) picks the collective
-    implementation. Raises :class:`~tfonspark.errors.ConfigError` when called after other
+    ``communication`` (default: ``$TFONSPARK_COLLECTIVE``, else ``"auto"``) picks the collective
+    implementation: one of :data:`tfonspark.settings.COLLECTIVES`. Raises :class:`~tfonspark.errors.ConfigError` when called after other
     TensorFlow ops in a multi-worker process, or when ``TF_CONFIG`` or ``communication``
     changed since the strategy was created (a process holds one strategy for its lifetime).
     """
     global _cached
     config = os.environ.get(TF_CONFIG_ENV, "")
-    name = (communication or os.environ.get(COLLECTIVE_ENV) or "auto").lower()
-    if name not in _IMPLEMENTATIONS:
-        raise ConfigError(
-            f"Unknown collective implementation (set by `communication` or ${COLLECTIVE_ENV}); "
-            f"valid: {', '.join(_IMPLEMENTATIONS)}. Received: communication={name!r}"
-        )
+    name = _collective(communication)
     key = (config, name)
     with _lock:
         if _cached is not None:
@@ -72,6 +68,14 @@ def strategy(*, communication: str | None = None) -> tf.distribute.Strategy:
         created = _create_mwms(_IMPLEMENTATIONS[name])
         _cached = (created, key)
         return created
+
+
+def _collective(communication: str | None) -> str:
+    """The collective's name from ``communication``, else the environment, else the default;
+    checked by the ``collective`` setting's own parser, whose error names where it came from."""
+    if communication:
+        return str(settings.check("collective", communication, "communication"))
+    return str(settings.node_value("collective", settings.DEFAULT_COLLECTIVE, source="the environment"))
 
 
 def _create_mwms(implementation: Any) -> tf.distribute.Strategy:
@@ -161,12 +165,15 @@ def sum_across_replicas(strategy: tf.distribute.Strategy, values: Sequence[float
 def _make_reducer(strategy: tf.distribute.Strategy) -> Callable[[tf.Tensor], tf.Tensor]:
     """One traced all-reduce of a float64 vector per strategy (no retracing per call)."""
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.float64)])
     def reduce(tensor: tf.Tensor) -> tf.Tensor:
         per_replica = strategy.run(tf.identity, args=(tensor,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    return reduce
+    # tf.function is untyped (TensorFlow ships no annotations): name the traced function's type here
+    traced: Callable[[tf.Tensor], tf.Tensor] = tf.function(
+        reduce, autograph=False, input_signature=[tf.TensorSpec([None], tf.float64)]
+    )
+    return traced
 
 
 _reducers: weakref.WeakKeyDictionary[Any, Callable[[tf.Tensor], tf.Tensor]] = weakref.WeakKeyDictionary()

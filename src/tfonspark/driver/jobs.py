@@ -61,7 +61,7 @@ def run_in_group(sc: Any, group: str, description: str, action: Callable[[], Any
 
 def barrier_supported(sc: Any) -> bool:
     """Barrier mode needs a static set of executors: not with dynamic allocation."""
-    return sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() != "true"
+    return str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() != "true"
 
 
 def task_slots(sc: Any) -> int:

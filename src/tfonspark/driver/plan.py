@@ -1,8 +1,10 @@
-"""Role planning and cluster specs: pure functions, tested without Spark."""
+"""Role planning and cluster specs: pure functions, tested without Spark.
+
+A node's ``TF_CONFIG`` is written beside its reader, in :mod:`tfonspark.distribute.tf_config`.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,7 +16,6 @@ __all__ = [
     "SERVICE_ROLES",
     "NodeRole",
     "build_cluster_spec",
-    "build_tf_config",
     "plan_roles",
 ]
 
@@ -87,18 +88,3 @@ def build_cluster_spec(roles: Sequence[NodeRole], addresses: Mapping[int, str]) 
     for role in sorted(roles, key=lambda r: (r.job_name, r.task_index)):
         spec.setdefault(role.job_name, []).append(addresses[role.executor_id])
     return spec
-
-
-def build_tf_config(cluster_spec: Mapping[str, Sequence[str]], job_name: str, task_index: int) -> str:
-    """The ``TF_CONFIG`` JSON for one node, as ``TFConfigClusterResolver`` reads it."""
-    if job_name not in cluster_spec or not 0 <= task_index < len(cluster_spec[job_name]):
-        raise ConfigError(
-            f"task {job_name}:{task_index} is not in the cluster spec. Received: jobs={sorted(cluster_spec)}"
-        )
-    return json.dumps(
-        {
-            "cluster": {job: list(hosts) for job, hosts in cluster_spec.items()},
-            "task": {"type": job_name, "index": task_index},
-            "environment": "cloud",
-        }
-    )

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .. import settings
 from ..errors import ConfigError, ProtocolError
 from ..executor.host import is_wildcard
 from ..wire import messages as m
@@ -53,24 +53,17 @@ class NodeState:
         return bool(self.lost) or (self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
 
 
+_SERVER_SETTINGS = "server_port/server_host (spark.tfonspark.serverPort/serverHost, TFOS_SERVER_PORT/TFOS_SERVER_HOST)"
+
+
 def _port_candidates(spec: str | None) -> list[int]:
-    """``TFOS_SERVER_PORT``: unset -> any free port; ``5000`` or a range ``5000-5010``."""
-    if not spec:
-        return [0]
-    try:
-        if "-" in spec:
-            low, high = (int(p) for p in spec.split("-", 1))
-        else:
-            low = high = int(spec)
-        if not 0 <= low <= high <= 65535:  # bind() raises OverflowError, not OSError, past 65535
-            raise ValueError
-        return list(range(low, high + 1))
-    except ValueError:
-        raise ConfigError(f"TFOS_SERVER_PORT must be a port or a range like 5000-5010. Received: {spec!r}") from None
+    """The ``server_port`` setting: ``""`` -> any free port; ``5000`` or a range ``5000-5010``."""
+    low, high = settings.port_range(settings.check("server_port", spec or "", "port_spec"))
+    return list(range(low, high + 1))
 
 
 def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4096) -> socket.socket:
-    """A listening socket on ``host`` at the first free port of ``port_spec``."""
+    """A listening socket on ``host`` at the first free port of ``port_spec`` (any port if empty)."""
     last: OSError | None = None
     for port in _port_candidates(port_spec):
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -82,15 +75,16 @@ def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4
             sock.close()
             last = exc
     raise ConfigError(
-        f"cannot listen on {host} at TFOS_SERVER_PORT={port_spec!r}: {last}; "
-        "choose another port range with TFOS_SERVER_PORT or address with TFOS_SERVER_HOST"
+        f"cannot listen on {host} at port(s) {port_spec!r}: {last}; "
+        f"choose another port range or address with {_SERVER_SETTINGS}"
     )
 
 
 class RendezvousServer:
     """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them.
 
-    It listens on ``bind_host`` (default ``TFOS_SERVER_HOST``, else ``host``) and advertises
+    It listens on ``bind_host`` (default: ``host``) at the first free port of ``port_spec``
+    (default: any), the resolved ``server_host``/``server_port`` settings, and advertises
     ``address``: the bound address, or ``host`` where the bind address is a wildcard.
     """
 
@@ -142,8 +136,8 @@ class RendezvousServer:
     def _bind(host: str, port_spec: str | None, bind_host: str | None) -> tuple[socket.socket, tuple[str, int]]:
         """The listening socket and the address nodes are told to connect to."""
         if bind_host is None:
-            bind_host = os.environ.get("TFOS_SERVER_HOST") or host
-        sock = bind_server_socket(bind_host, port_spec if port_spec is not None else os.environ.get("TFOS_SERVER_PORT"))
+            bind_host = host
+        sock = bind_server_socket(bind_host, port_spec)
         bound, port = sock.getsockname()[:2]
         if not is_wildcard(bind_host) and not is_wildcard(bound):
             return sock, (bound, port)
@@ -278,13 +272,15 @@ class RendezvousServer:
             log.warning("rendezvous: node %s lost: %s", node.role.name, why)
 
     # ---- driver-side queries ---------------------------------------------------------------
-    def wait_for(self, predicate, timeout: float | None) -> bool:
-        """Wait until ``predicate(nodes)`` holds or any node fails; True if it holds."""
+    def wait_for(
+        self, predicate: Callable[[Iterable[NodeState]], object], timeout: float | None, until_failure: bool = True
+    ) -> bool:
+        """Wait until ``predicate(nodes)`` holds or (``until_failure``) any node fails; True if it holds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not predicate(self.nodes.values()):
-                if self.failures() or self._closed:
-                    return predicate(self.nodes.values())
+                if (until_failure and self.failures()) or self._closed:
+                    return bool(predicate(self.nodes.values()))
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False

@@ -19,9 +19,9 @@ from typing import Any
 
 from ..errors import FeedError, FeedTimeout, InputError, ProtocolError
 from ..wire import messages as m
+from ..wire.arrow import arrow_to_columns, columns_to_arrow
 from ..wire.codec import BATCH_KIND, ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 from ..wire.framing import Connection, connect, connect_unix
-from .arrow import arrow_to_columns
 from .host import executor_key
 
 __all__ = ["FeedTarget", "Feeder", "choose_target"]
@@ -256,8 +256,6 @@ class Feeder:
 
         def run(batches: Iterator[Any]) -> Iterator[Any]:
             from pyspark import TaskContext
-
-            from .arrow import columns_to_arrow
 
             partition = _partition_id(TaskContext.get())
             for result in self._infer(partition, _arrow_batches(partition, batches)):

@@ -20,8 +20,7 @@ from typing import Any
 
 from ..config import InputMode, NodeConfig
 from ..errors import ClusterError
-from ..wire.bootstrap import write_bootstrap
-from .supervisor import STATUS_PREFIX
+from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
 
 __all__ = ["node_task", "start_node"]
 
@@ -34,7 +33,7 @@ class _StatusReader:
     """Status events printed by the supervisor, read straight from its stdout pipe (no Python
     buffering, so readiness of the descriptor is exactly "a line may be waiting")."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         self.proc = proc
         self.fd = proc.stdout.fileno()
@@ -66,7 +65,7 @@ class _StatusReader:
                 self._pending += chunk
 
 
-def _stop_supervisor(proc: subprocess.Popen) -> None:
+def _stop_supervisor(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the supervisor (it stops its TF process), SIGKILL it if it lingers."""
     with contextlib.suppress(OSError):
         proc.terminate()
@@ -142,10 +141,10 @@ def start_node(
     return {"executor_id": executor_id, **last}
 
 
-def node_task(config: NodeConfig, payload: bytes) -> Callable[[Iterator[int]], Iterator[dict]]:
+def node_task(config: NodeConfig, payload: bytes) -> Callable[[Iterator[int]], Iterator[dict[str, Any]]]:
     """The ``mapPartitions`` function that starts the node(s) for the given executor ids."""
 
-    def run(executor_ids: Iterator[int]) -> Iterator[dict]:
+    def run(executor_ids: Iterator[int]) -> Iterator[dict[str, Any]]:
         from pyspark import TaskContext
 
         task = TaskContext.get()

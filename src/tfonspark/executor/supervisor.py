@@ -29,13 +29,14 @@ import time
 from typing import IO, Any
 
 from ..config import NodeConfig
+from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..errors import ProtocolError
+from ..settings import COLLECTIVE_ENV
 from ..wire import messages as m
-from ..wire.bootstrap import read_bootstrap, write_bootstrap
+from ..wire.bootstrap import STATUS_PREFIX, read_bootstrap, write_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
 from .host import SCRATCH_PREFIX, executor_key, local_ip_towards, remove_scratch, reserve_port
 
-STATUS_PREFIX = "TFOS-STATUS "
 TAIL_LINES = 60
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 
@@ -57,7 +58,7 @@ class Supervisor:
         self.payload = payload
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopping = False
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.data_path = ""  # the TF process's feed socket, removed after it exits
         self.scratch = ""  # the TF process's TMPDIR, removed after it exits
         self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
@@ -136,15 +137,16 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 conn.settimeout(None)
 
-    def _spawn(self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int) -> subprocess.Popen:
-        from ..driver.plan import build_tf_config
-
+    def _spawn(
+        self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
+    ) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         # every temp file of the TF process (its feed socket, checkpoint scratch, TensorFlow's
         # and the user's own) lands in one private directory that is removed when it exits
         self.scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
         env["TMPDIR"] = env["TMP"] = env["TEMP"] = self.scratch
-        env["TF_CONFIG"] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
+        env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
+        env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
         env["PYTHONUNBUFFERED"] = "1"
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
@@ -303,7 +305,13 @@ def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 def main() -> int:
     header, payload = read_bootstrap(sys.stdin.buffer)
-    config = NodeConfig.from_json(header["config"])
+    try:
+        # settings also read on the node (TENSORBOARD_PORT, TFONSPARK_COLLECTIVE) apply where the
+        # driver resolved their default; a bad one fails the node before it registers
+        config = NodeConfig.from_json(header["config"]).on_node()
+    except Exception as exc:
+        _status("failed", reason=f"{type(exc).__name__}: {exc}")
+        return 1
     supervisor = Supervisor(config, int(header["executor_id"]), list(header.get("gpus", [])), payload)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.on_sigterm())
     try:

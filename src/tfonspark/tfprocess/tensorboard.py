@@ -38,11 +38,12 @@ def _probe_host(bind_host: str) -> str:
 def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0, bind_host: str = "") -> str:
     """Start TensorBoard over ``log_dir``; return its URL (on the advertised ``host``).
 
-    TensorBoard binds ``bind_host``, or ``host`` when that is empty. The port is the executor's
-    ``TENSORBOARD_PORT``, else ``port`` (the driver's ``TENSORBOARD_PORT``), else a free one.
+    TensorBoard binds ``bind_host``, or ``host`` when that is empty, at ``port``, or a free port
+    when that is 0. The caller passes the ``tensorboard_port`` setting (``NodeConfig``, which the
+    supervisor has completed from the node's ``TENSORBOARD_PORT``); nothing is read here.
     """
     bind = bind_host or host
-    port = int(os.environ.get("TENSORBOARD_PORT") or port or _free_port(bind))
+    port = port or _free_port(bind)
     if "://" not in log_dir:
         os.makedirs(log_dir, exist_ok=True)
     cmd = [

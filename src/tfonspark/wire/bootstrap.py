@@ -12,9 +12,11 @@ from typing import IO, Any
 
 from ..errors import ProtocolError
 
-__all__ = ["read_bootstrap", "write_bootstrap"]
+__all__ = ["STATUS_PREFIX", "read_bootstrap", "write_bootstrap"]
 
 _LEN = struct.Struct(">Q")
+#: marks the supervisor's status lines on its stdout (the node task reads them; other output is log)
+STATUS_PREFIX = "TFOS-STATUS "
 
 
 def write_bootstrap(stream: IO[bytes], header: dict[str, Any], payload: bytes) -> None:

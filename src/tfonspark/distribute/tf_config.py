@@ -1,26 +1,29 @@
-"""Who am I in the cluster: a pure reading of ``TF_CONFIG`` (no TensorFlow import).
+"""``TF_CONFIG``, written and read in one place: pure functions, no TensorFlow import.
 
 ``TF_CONFIG`` is the JSON document every tfonspark node process gets, e.g.::
 
     {"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
-     "task": {"type": "worker", "index": 0}}
+     "task": {"type": "worker", "index": 0}, "environment": "cloud"}
 
-Only ``chief`` and ``worker`` tasks take part in ``MultiWorkerMirroredStrategy``; an
-``evaluator`` task may be listed (it runs on its own). Without ``TF_CONFIG`` the process is a
-single worker and its own chief.
+The supervisor writes it (:func:`build_tf_config`) into the TF process's environment;
+TensorFlow's ``TFConfigClusterResolver`` and :func:`task_info` read it. Only ``chief`` and
+``worker`` tasks take part in ``MultiWorkerMirroredStrategy``; an ``evaluator`` task may be
+listed (it runs on its own). Without ``TF_CONFIG`` the process is a single worker and its own
+chief. The supervisor imports this module in a Spark Python worker, so it must stay free of
+TensorFlow and Keras (a unit test checks).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["TF_CONFIG_ENV", "TaskInfo", "is_chief", "task_info"]
+__all__ = ["TF_CONFIG_ENV", "TaskInfo", "build_tf_config", "is_chief", "task_info"]
 
 TF_CONFIG_ENV = "TF_CONFIG"
 _TRAINING_ROLES = ("chief", "worker")
@@ -44,6 +47,21 @@ class TaskInfo:
     def is_chief(self) -> bool:
         """Whether this process writes checkpoints and exports (see :func:`is_chief`)."""
         return is_chief(self.task_type, self.task_id, self.cluster)
+
+
+def build_tf_config(cluster_spec: Mapping[str, Sequence[str]], job_name: str, task_index: int) -> str:
+    """The ``TF_CONFIG`` JSON for one node, as ``TFConfigClusterResolver`` and :func:`task_info` read it."""
+    if job_name not in cluster_spec or not 0 <= task_index < len(cluster_spec[job_name]):
+        raise ConfigError(
+            f"task {job_name}:{task_index} is not in the cluster spec. Received: jobs={sorted(cluster_spec)}"
+        )
+    return json.dumps(
+        {
+            "cluster": {job: list(hosts) for job, hosts in cluster_spec.items()},
+            "task": {"type": job_name, "index": task_index},
+            "environment": "cloud",
+        }
+    )
 
 
 def is_chief(task_type: str | None, task_id: int, cluster: Mapping[str, Any]) -> bool:

@@ -1,0 +1,347 @@
+"""Every cluster setting in one table, resolved in one place, on the driver.
+
+A setting is read from the first of these that has it:
+
+1. the keyword argument of :func:`tfonspark.run` (``None`` = not given),
+2. the Spark conf key ``spark.tfonspark.<camelCase name>``,
+3. the driver's environment variable (names kept from TFoS where TFoS had them, else
+   ``TFONSPARK_*``; an older name of ours is still read after the current one),
+4. the default written in :data:`SETTINGS`.
+
+:func:`resolve` does this once, in ``run()``, and the result travels to every node in
+``NodeConfig``; nothing else reads these variables on the driver. Two settings are also read on
+the node, because code there read them before tfonspark existed: ``TENSORBOARD_PORT`` (TFoS read
+it on the executor) and ``TFONSPARK_COLLECTIVE`` (read by :func:`tfonspark.distribute.strategy`,
+which also runs outside tfonspark). A node's own variable is used where the driver resolved the
+default (see :func:`node_value`).
+
+A bad value raises :class:`~tfonspark.errors.ConfigError` naming the key it came from, what is
+valid and where it was read: ``TFOS_FEED_BUFFER_BYTES must be an integer >= 1048576 (1 MiB).
+Received: 'abc' (from the environment)``. This module imports nothing heavy: the supervisor and
+the TF process read it too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import ConfigError
+
+__all__ = [
+    "COLLECTIVES",
+    "COLLECTIVE_ENV",
+    "DEFAULT_COLLECTIVE",
+    "DEFAULT_FEED_BUFFER_BYTES",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "MIN_FEED_BUFFER_BYTES",
+    "SETTINGS",
+    "Setting",
+    "Settings",
+    "check",
+    "markdown_table",
+    "node_value",
+    "port_range",
+    "resolve",
+]
+
+MiB = 1024 * 1024
+DEFAULT_FEED_BUFFER_BYTES = 64 * MiB
+"""Bytes a node buffers per feed queue before backpressure stalls the feeders."""
+MIN_FEED_BUFFER_BYTES = 1 * MiB
+DEFAULT_HEARTBEAT_TIMEOUT = 60.0
+"""Seconds of control-channel silence after which a node (or the driver) is taken as gone."""
+COLLECTIVES = ("auto", "ring", "nccl")
+"""Collective implementations of ``MultiWorkerMirroredStrategy`` (``CommunicationImplementation``)."""
+DEFAULT_COLLECTIVE = "auto"
+COLLECTIVE_ENV = "TFONSPARK_COLLECTIVE"
+"""The variable :func:`tfonspark.distribute.strategy` reads in the TF process."""
+
+_ARGUMENT = "the keyword argument"
+_CONF = "the Spark conf"
+_ENVIRONMENT = "the environment"
+_NODE_ENVIRONMENT = "the node's environment"
+_DEFAULT = "the default"
+
+
+# ---- parsers: raw value (str from a conf or an environment, any type from an argument) -> value.
+# They raise ValueError; the caller turns it into a ConfigError naming the key and its source.
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise ValueError
+    return raw.strip()
+
+
+def _integer(raw: object) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError
+    return int(raw)  # int(" 12 ") is 12; int("1.5") raises
+
+
+def _port(raw: object) -> int:
+    port = _integer(raw)
+    if not 0 <= port <= 65535:
+        raise ValueError
+    return port
+
+
+def port_range(spec: str) -> tuple[int, int]:
+    """``"5000"`` or ``"5000-5010"`` as ``(low, high)``; ``""`` is ``(0, 0)`` (any free port).
+
+    Raises ValueError for anything else (ports past 65535 included: ``bind`` raises
+    OverflowError, not OSError, for them).
+    """
+    text = spec.strip()
+    if not text:
+        return 0, 0
+    low_text, sep, high_text = text.partition("-")
+    low = int(low_text)
+    high = int(high_text) if sep else low
+    if not 0 <= low <= high <= 65535:
+        raise ValueError
+    return low, high
+
+
+def _port_spec(raw: object) -> str:
+    """A port (int or text) or a range ``low-high``, normalised to text (``""`` = any free port)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError
+    low, high = port_range(str(raw))
+    if (low, high) == (0, 0):
+        return ""
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _feed_bytes(raw: object) -> int:
+    value = _integer(raw)
+    if value < MIN_FEED_BUFFER_BYTES:
+        raise ValueError
+    return value
+
+
+def _seconds(raw: object) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ValueError
+    value = float(raw)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError
+    return value
+
+
+def _collective(raw: object) -> str:
+    name = _text(raw).lower()
+    if name not in COLLECTIVES:
+        raise ValueError
+    return name
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob: where it is read from, its default, and what a valid value is."""
+
+    name: str  #: keyword argument of ``run()``, field of :class:`Settings` and of ``NodeConfig``
+    conf_key: str
+    env: tuple[str, ...]  #: the documented variable first; later ones are older names still read
+    default: Any
+    parse: Callable[[object], Any] = field(repr=False)
+    valid: str  #: completes "<key> must be ..."
+    meaning: str
+    default_text: str = ""  #: the default as the docs say it, where ``repr(default)`` would not do
+    on_node: bool = False  #: also read from the node's own environment where the driver has the default
+
+    def describe_default(self) -> str:
+        """The default as the settings table shows it."""
+        return self.default_text or f"`{self.default!r}`"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "server_host",
+        "spark.tfonspark.serverHost",
+        ("TFOS_SERVER_HOST",),
+        "",
+        _text,
+        "an address or host name",
+        "address the driver's rendezvous server binds (a wildcard is bound but never advertised)",
+        default_text="`spark.driver.host`",
+    ),
+    Setting(
+        "server_port",
+        "spark.tfonspark.serverPort",
+        ("TFOS_SERVER_PORT",),
+        "",
+        _port_spec,
+        "a port or a range like 5000-5010 (0-65535)",
+        "port of the driver's rendezvous server, or a range (`5000-5010`) to take the first free port of",
+        default_text="any free port",
+    ),
+    Setting(
+        "feed_buffer_bytes",
+        "spark.tfonspark.feedBufferBytes",
+        ("TFONSPARK_FEED_BUFFER_BYTES", "TFOS_FEED_BUFFER_BYTES"),
+        DEFAULT_FEED_BUFFER_BYTES,
+        _feed_bytes,
+        f"an integer >= {MIN_FEED_BUFFER_BYTES} (1 MiB)",
+        "bytes each node buffers per feed queue before backpressure stalls the feeders",
+        default_text="64 MiB",
+    ),
+    Setting(
+        "tensorboard_port",
+        "spark.tfonspark.tensorboardPort",
+        ("TENSORBOARD_PORT",),
+        0,
+        _port,
+        "an integer port 0-65535 (0 = a free port)",
+        "TensorBoard's port on the chief (`tensorboard=True`); also read on the node, as in TFoS",
+        default_text="a free port",
+        on_node=True,
+    ),
+    Setting(
+        "bind_host",
+        "spark.tfonspark.bindHost",
+        ("TFONSPARK_BIND_HOST",),
+        "",
+        _text,
+        "an address or host name",
+        "address node servers (feed server, TensorBoard) bind, e.g. `0.0.0.0` behind NAT",
+        default_text="the node's advertised address",
+    ),
+    Setting(
+        "heartbeat_timeout",
+        "spark.tfonspark.heartbeatTimeout",
+        ("TFONSPARK_HEARTBEAT_TIMEOUT",),
+        DEFAULT_HEARTBEAT_TIMEOUT,
+        _seconds,
+        "a number of seconds > 0",
+        "seconds of control-channel silence after which a node (or the driver) is taken as gone",
+        default_text="60 s",
+    ),
+    Setting(
+        "collective",
+        "spark.tfonspark.collective",
+        (COLLECTIVE_ENV,),
+        DEFAULT_COLLECTIVE,
+        _collective,
+        f"a collective implementation: one of {', '.join(COLLECTIVES)}",
+        "collective implementation (`auto`, `ring`, `nccl`) of `tfonspark.distribute.strategy()`; also read on the node",
+        default_text="`auto`",
+        on_node=True,
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved value of every setting, and where each came from (see :data:`SETTINGS`)."""
+
+    server_host: str
+    server_port: str
+    feed_buffer_bytes: int
+    tensorboard_port: int
+    bind_host: str
+    heartbeat_timeout: float
+    collective: str
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
+
+
+class _Conf(Protocol):
+    """What :func:`resolve` needs of a ``SparkConf``."""
+
+    def get(self, key: str, default: str | None = None, /) -> str | None: ...
+
+
+def _parse(setting: Setting, raw: object, key: str, source: str) -> Any:
+    """``setting.parse(raw)``, or a ConfigError naming ``key``, what is valid and ``source``."""
+    try:
+        return setting.parse(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be {setting.valid}. Received: {raw!r} (from {source})") from None
+
+
+def _env_value(setting: Setting, environ: Mapping[str, str], source: str) -> tuple[bool, Any]:
+    """``(True, value)`` from the first of ``setting.env`` set (non-empty) in ``environ``."""
+    for name in setting.env:
+        raw = environ.get(name, "")
+        if raw.strip():
+            return True, _parse(setting, raw, name, source)
+    return False, None
+
+
+def _resolve_one(setting: Setting, argument: object, conf: _Conf | None, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """The value of one setting and the source it came from, first source first."""
+    if argument is not None:
+        return _parse(setting, argument, setting.name, _ARGUMENT), _ARGUMENT
+    raw = conf.get(setting.conf_key, None) if conf is not None else None
+    if raw is not None and raw.strip():
+        return _parse(setting, raw, setting.conf_key, _CONF), _CONF
+    found, value = _env_value(setting, environ, _ENVIRONMENT)
+    if found:
+        return value, _ENVIRONMENT
+    return setting.default, _DEFAULT
+
+
+def resolve(
+    arguments: Mapping[str, object] | None = None,
+    conf: _Conf | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Resolve every setting: keyword argument -> Spark conf -> environment -> default.
+
+    ``arguments`` maps setting names to ``run()``'s keyword arguments (``None`` = not given);
+    ``conf`` is the ``SparkConf`` (``sc.getConf()``); ``environ`` defaults to ``os.environ``.
+    Raises ConfigError for an unknown name or a bad value, naming where it came from.
+    """
+    arguments = dict(arguments or {})
+    unknown = sorted(set(arguments) - set(_BY_NAME))
+    if unknown:
+        raise ConfigError(f"unknown settings {unknown}; valid: {sorted(_BY_NAME)}")
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        values[setting.name], sources[setting.name] = _resolve_one(setting, arguments.get(setting.name), conf, environ)
+    return Settings(**values, sources=sources)
+
+
+def check(name: str, value: object, key: str | None = None, source: str = "the argument") -> Any:
+    """Validate ``value`` for setting ``name`` where it is given directly in code (a helper's
+    argument, a ``NodeConfig`` field); errors name ``key`` (default: ``name``) and ``source``."""
+    return _parse(_BY_NAME[name], value, key or name, source)
+
+
+def node_value(
+    name: str, resolved: Any, environ: Mapping[str, str] | None = None, source: str = _NODE_ENVIRONMENT
+) -> Any:
+    """On a node: the driver's ``resolved`` value, or the node's own variable where the driver
+    resolved the default (only for settings read on the node, e.g. ``TENSORBOARD_PORT``).
+
+    ``environ`` defaults to ``os.environ``; ``source`` names it in errors.
+    """
+    setting = _BY_NAME[name]
+    if not setting.on_node or resolved != setting.default:
+        return resolved
+    found, value = _env_value(setting, os.environ if environ is None else environ, source)
+    return value if found else resolved
+
+
+def markdown_table() -> str:
+    """The settings table of the README, made from :data:`SETTINGS` (a test keeps them equal)."""
+    rows = [
+        "| keyword argument | Spark conf key | environment variable | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        env = " (or ".join(f"`{name}`" for name in s.env) + ")" * (len(s.env) - 1)
+        rows.append(f"| `{s.name}` | `{s.conf_key}` | {env} | {s.describe_default()} | {s.meaning} |")
+    return "\n".join(rows) + "\n"

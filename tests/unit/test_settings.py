@@ -1,0 +1,245 @@
+"""One settings path: keyword argument -> Spark conf -> environment -> default, resolved once."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import tfonspark
+from tfonspark import settings
+from tfonspark.config import NodeConfig
+from tfonspark.driver import launch
+from tfonspark.errors import ConfigError
+from tfonspark.settings import SETTINGS, resolve
+from tfonspark.testing import FakeSparkContext
+
+REPO = Path(__file__).resolve().parents[2]
+TFOS_NAMES = {"TFOS_SERVER_HOST", "TFOS_SERVER_PORT", "TENSORBOARD_PORT"}  # what TensorFlowOnSpark read
+NODE = {"cluster_id": "settings-test", "driver_host": "127.0.0.1", "driver_port": 1, "secret_hex": "ab" * 32}
+
+#: for each setting: a valid value as an argument, as text, and what the text parses to
+VALUES = {
+    "server_host": ("10.0.0.1", "10.0.0.2", "10.0.0.2"),
+    "server_port": (5000, "5000-5010", "5000-5010"),
+    "feed_buffer_bytes": (2 << 20, "3145728", 3 << 20),
+    "tensorboard_port": (6006, "6007", 6007),
+    "bind_host": ("0.0.0.0", "::", "::"),
+    "heartbeat_timeout": (30, "12.5", 12.5),
+    "collective": ("ring", "NCCL", "nccl"),
+}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+
+def test_the_table_and_the_resolved_settings_name_the_same_knobs():
+    fields = [f.name for f in dataclasses.fields(settings.Settings) if f.name != "sources"]
+    assert fields == [s.name for s in SETTINGS] == list(VALUES)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_names_follow_one_scheme(setting):
+    assert setting.conf_key == f"spark.tfonspark.{_camel(setting.name)}"
+    first = setting.env[0]
+    assert first in TFOS_NAMES or first.startswith("TFONSPARK_")  # TFoS's names kept, new ones one prefix
+    assert setting.valid and setting.meaning
+
+
+def test_defaults_are_written_once():
+    defaults = resolve(environ={})
+    assert defaults == settings.Settings(**{s.name: s.default for s in SETTINGS})
+    assert set(defaults.sources.values()) == {"the default"}
+    assert defaults.feed_buffer_bytes == settings.DEFAULT_FEED_BUFFER_BYTES == 64 * 1024 * 1024
+    node = NodeConfig(**NODE)  # what a node assumes when a field is missing is the same default
+    for name in ("feed_buffer_bytes", "tensorboard_port", "bind_host", "heartbeat_timeout", "collective"):
+        assert getattr(node, name) == getattr(defaults, name), name
+
+
+# ---- precedence --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_argument_then_conf_then_environment_then_default(setting):
+    argument, text, parsed = VALUES[setting.name]
+    env = {setting.env[0]: text}
+    conf = {setting.conf_key: text}
+    name = setting.name
+    assert getattr(resolve({name: argument}, conf, env), name) == settings.check(name, argument)
+    assert resolve({name: argument}, conf, env).sources[name] == "the keyword argument"
+    assert getattr(resolve({name: None}, conf, {}), name) == parsed
+    assert resolve({}, conf, {setting.env[0]: "not even close"}).sources[name] == "the Spark conf"
+    assert getattr(resolve({}, {}, env), name) == parsed
+    assert resolve({}, None, env).sources[name] == "the environment"
+    assert getattr(resolve({}, {setting.conf_key: "  "}, {setting.env[0]: ""}), name) == setting.default
+
+
+def test_the_environment_defaults_to_os_environ(monkeypatch):
+    monkeypatch.setenv("TFONSPARK_HEARTBEAT_TIMEOUT", "7")
+    assert resolve().heartbeat_timeout == 7.0
+
+
+def test_an_older_variable_name_is_still_read_after_the_current_one():
+    assert resolve(environ={"TFOS_FEED_BUFFER_BYTES": str(2 << 20)}).feed_buffer_bytes == 2 << 20
+    both = {"TFOS_FEED_BUFFER_BYTES": str(2 << 20), "TFONSPARK_FEED_BUFFER_BYTES": str(4 << 20)}
+    assert resolve(environ=both).feed_buffer_bytes == 4 << 20
+
+
+# ---- values and errors -------------------------------------------------------------------------
+
+
+def test_an_error_names_the_key_what_is_valid_and_where_it_came_from():
+    with pytest.raises(ConfigError) as info:
+        resolve(environ={"TFOS_FEED_BUFFER_BYTES": "abc"})
+    assert str(info.value) == (
+        "TFOS_FEED_BUFFER_BYTES must be an integer >= 1048576 (1 MiB). Received: 'abc' (from the environment)"
+    )
+    with pytest.raises(ConfigError, match=r"^spark\.tfonspark\.heartbeatTimeout must be .* \(from the Spark conf\)$"):
+        resolve({}, {"spark.tfonspark.heartbeatTimeout": "soon"}, {})
+    with pytest.raises(ConfigError, match=r"^tensorboard_port must be .*Received: True \(from the keyword argument\)$"):
+        resolve({"tensorboard_port": True}, None, {})
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("server_port", "abc"),
+        ("server_port", "10-5"),
+        ("server_port", "70000"),
+        ("server_port", 1.5),
+        ("feed_buffer_bytes", "1000"),
+        ("feed_buffer_bytes", 0),
+        ("feed_buffer_bytes", "64MiB"),
+        ("tensorboard_port", "-1"),
+        ("tensorboard_port", 65536),
+        ("heartbeat_timeout", "0"),
+        ("heartbeat_timeout", "-5"),
+        ("heartbeat_timeout", "nan"),
+        ("heartbeat_timeout", "inf"),
+        ("heartbeat_timeout", False),
+        ("collective", "carrier-pigeon"),
+        ("server_host", 42),
+    ],
+)
+def test_bad_values_are_config_errors(name, bad):
+    with pytest.raises(ConfigError, match=rf"^{name} must be .*Received: {re.escape(repr(bad))}"):
+        resolve({name: bad}, None, {})
+
+
+def test_values_are_normalised():
+    assert resolve({"server_port": " 0 "}, None, {}).server_port == ""  # any free port
+    assert resolve({"server_port": "6000-6000"}, None, {}).server_port == "6000"
+    assert resolve({"bind_host": " 0.0.0.0 "}, None, {}).bind_host == "0.0.0.0"
+    assert resolve({"heartbeat_timeout": 1}, None, {}).heartbeat_timeout == 1.0
+    assert settings.port_range("") == (0, 0) and settings.port_range("5-9") == (5, 9)
+
+
+def test_an_unknown_argument_is_refused():
+    with pytest.raises(ConfigError, match=r"unknown settings \['feed_buffer'\]"):
+        resolve({"feed_buffer": 1})
+
+
+# ---- on the node --------------------------------------------------------------------------------
+
+
+def test_a_node_reads_its_own_variable_where_the_driver_had_the_default():
+    node_env = {"TENSORBOARD_PORT": "6010", "TFONSPARK_COLLECTIVE": "ring", "TFONSPARK_FEED_BUFFER_BYTES": "2097152"}
+    config = NodeConfig(**NODE).on_node(node_env)
+    assert (config.tensorboard_port, config.collective) == (6010, "ring")  # TFoS read TENSORBOARD_PORT there
+    assert config.feed_buffer_bytes == settings.DEFAULT_FEED_BUFFER_BYTES  # a driver-only setting
+    chosen = NodeConfig(**NODE, tensorboard_port=7000, collective="nccl").on_node(node_env)
+    assert (chosen.tensorboard_port, chosen.collective) == (7000, "nccl")  # the driver's choice wins
+    with pytest.raises(ConfigError, match=r"TENSORBOARD_PORT must be .*\(from the node's environment\)"):
+        NodeConfig(**NODE).on_node({"TENSORBOARD_PORT": "x"})
+
+
+def test_node_config_checks_the_settings_it_carries():
+    with pytest.raises(ConfigError, match=r"^feed_buffer_bytes must be .*Received: 10 \(from NodeConfig\)"):
+        NodeConfig(**NODE, feed_buffer_bytes=10)
+    with pytest.raises(ConfigError, match="collective"):
+        NodeConfig(**NODE, collective="pigeon")
+    config = NodeConfig(**NODE, collective="ring", tensorboard_port=6006)
+    assert NodeConfig.from_json(config.to_json()) == config
+
+
+# ---- run() -------------------------------------------------------------------------------------
+
+TFOS_POSITIONAL = [
+    "sc",
+    "map_fun",
+    "tf_args",
+    "num_executors",
+    "num_ps",
+    "tensorboard",
+    "input_mode",
+    "log_dir",
+    "driver_ps_nodes",
+    "master_node",
+    "reservation_timeout",
+    "queues",
+    "eval_node",
+    "release_port",
+]
+
+
+def test_run_keeps_tfos_positional_arguments_and_takes_every_setting_by_keyword():
+    params = inspect.signature(tfonspark.run).parameters
+    positional = [p.name for p in params.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == TFOS_POSITIONAL
+    for setting in SETTINGS:
+        assert params[setting.name].kind is inspect.Parameter.KEYWORD_ONLY and params[setting.name].default is None
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_run_resolves_once_and_hands_the_values_on(monkeypatch):
+    seen: dict[str, object] = {}
+
+    class FakeServer:
+        address = ("127.0.0.1", 1)
+
+        def __init__(self, cluster_id, roles, secret, host, port_spec=None, **kwargs):
+            seen.update(port_spec=port_spec, **kwargs)
+
+    def fake_cluster(sc, roles, server, config, mode, **kwargs):
+        seen["config"] = config
+        raise _Stop
+
+    monkeypatch.setattr(launch, "RendezvousServer", FakeServer)
+    monkeypatch.setattr(launch, "Cluster", fake_cluster)
+    monkeypatch.setenv("TFONSPARK_BIND_HOST", "0.0.0.0")
+    monkeypatch.setenv("TFOS_SERVER_HOST", "127.0.0.2")
+    sc = FakeSparkContext({"spark.tfonspark.serverPort": "5000-5009", "spark.tfonspark.collective": "ring"})
+    with pytest.raises(_Stop):
+        tfonspark.run(sc, print, None, 1, feed_buffer_bytes=2 << 20, heartbeat_timeout=8)
+    assert seen["port_spec"] == "5000-5009" and seen["bind_host"] == "127.0.0.2"
+    assert seen["heartbeat_timeout"] == 8.0 and seen["heartbeat_secs"] == 2.0
+    config = seen["config"]
+    assert isinstance(config, NodeConfig)
+    assert (config.feed_buffer_bytes, config.bind_host, config.collective) == (2 << 20, "0.0.0.0", "ring")
+    assert (config.heartbeat_timeout, config.tensorboard_port) == (8.0, 0)
+
+
+def test_run_refuses_a_bad_setting_before_any_work_starts(monkeypatch):
+    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached
+    sc = FakeSparkContext({"spark.tfonspark.feedBufferBytes": "lots"})
+    with pytest.raises(ConfigError, match=r"spark\.tfonspark\.feedBufferBytes .*\(from the Spark conf\)"):
+        tfonspark.run(sc, print, None, 1)
+
+
+# ---- docs ---------------------------------------------------------------------------------------
+
+
+def test_the_readme_lists_every_setting_in_one_table():
+    readme = (REPO / "README.md").read_text()
+    assert readme.count(settings.markdown_table()) == 1
