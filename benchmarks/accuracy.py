@@ -75,8 +75,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def load(data_dir: str) -> tuple:
     """(train features, train labels, test features, test labels): flat float32 in [0, 1]."""
-    from tfonspark._demo.data import to_features
-    from tfonspark.datasets import load_mnist
+    from tfonspark.demo import to_features
+    from tfonspark.demo.datasets import load_mnist
 
     data = load_mnist(data_dir)
     return (

@@ -99,8 +99,8 @@ def load_images(spark: Any, args: argparse.Namespace) -> tuple[Any, int]:
     the number of values in an image."""
     from pyspark.sql import functions as F
 
-    from tfonspark.datasets import load_mnist
     from tfonspark.demo import images_to_dataframe
+    from tfonspark.demo.datasets import load_mnist
 
     data = load_mnist(args.data)
     images = getattr(data, f"{args.split}_images")[: args.max_rows]

@@ -19,10 +19,13 @@ Every step is an all-reduce, so all nodes must run the same number of steps. The
 * a node whose feed runs dry before the last step trains on empty batches until the others are
   done (``tf.distribute``'s handling of uneven input), instead of hanging them;
 * after ``fit``, each node reads and drops what is left of its feed (the imbalance plus
-  ``rows % global_batch`` per pass), so that ``cluster.train`` always completes.
+  ``rows % global_batch`` per pass) with ``DataFeed.drain()``, so that ``cluster.train``
+  always completes. ``tf.data`` may still be prefetching from the feed on its own threads
+  then: a ``DataFeed`` is safe to read from several threads.
 
 The test set travels to the nodes in the arguments (7.8 MB of uint8) and is the validation
 data, sharded by ``task_index``: the last ``val_accuracy`` is the accuracy on the whole test set.
+The chief reports each epoch's metrics to the driver with ``ctx.report``, which prints them.
 Outputs and ``--master`` are as in ``mnist_tf.py``.
 """
 
@@ -81,11 +84,11 @@ def main_fun(args: dict[str, Any], ctx: Any) -> None:
     import keras
 
     keras.utils.set_random_seed(args["seed"])
-    from tfonspark.demo import DrainableFeed, build_model
+    from tfonspark.demo import build_model
     from tfonspark.keras import export_saved_model, fit
 
     started = time.monotonic()
-    feed = DrainableFeed(ctx.mgr)  # ctx.get_data_feed(), plus drain() and thread-safe reads
+    feed = ctx.get_data_feed()
     steps = args["train_rows"] // args["batch_size"]
     with strategy.scope():
         model = build_model(total_steps=args["epochs"] * steps)
@@ -95,6 +98,8 @@ def main_fun(args: dict[str, Any], ctx: Any) -> None:
         epochs=args["epochs"],
         steps_per_epoch=steps,
         validation_data=_test_dataset_fn(args, ctx),
+        on_progress=_epoch_reporter(ctx),
+        verbose=0,
     )
     feed.drain()  # drop what is left after the last step
     export_saved_model(model, os.path.join(args["output_dir"], "export"))
@@ -113,6 +118,22 @@ def main_fun(args: dict[str, Any], ctx: Any) -> None:
                 "node_seconds": time.monotonic() - started,
             },
         )
+
+
+def _epoch_reporter(ctx: Any) -> Any:
+    """An ``on_progress`` for fit: the chief reports each epoch's global metrics to the driver."""
+
+    def on_progress(progress: Any) -> None:
+        if progress.epoch_end and ctx.is_chief:
+            ctx.report({"epoch": progress.epoch + 1, **progress.logs})
+
+    return on_progress
+
+
+def print_epoch(report: Any) -> None:
+    """``on_report`` on the driver: one line per epoch report."""
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items() if k != "epoch")
+    print(f"epoch {report.metrics.get('epoch')} ({report.node}): {metrics}", flush=True)
 
 
 def _feed_dataset_fn(feed: Any, global_batch: int) -> Any:
@@ -156,8 +177,8 @@ def train(sc: Any, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     import tfonspark
-    from tfonspark.datasets import load_mnist
     from tfonspark.demo import images_to_dataframe
+    from tfonspark.demo.datasets import load_mnist
 
     data = load_mnist(args.data)
     rows = args.max_train_rows or len(data.train_images)
@@ -181,7 +202,13 @@ def train(sc: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.monotonic()
     cluster = tfonspark.run(
-        sc, main_fun, node_args, args.nodes, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
+        sc,
+        main_fun,
+        node_args,
+        args.nodes,
+        input_mode=tfonspark.InputMode.SPARK,
+        reservation_timeout=300,
+        on_report=print_epoch,
     )
     fed = cluster.train(df, num_epochs=args.epochs)
     cluster.shutdown(timeout=7200)

@@ -14,8 +14,9 @@ Every node exports the model (the chief keeps it) to ``<output-dir>/export``, a 
 ``mnist_inference.py``; the chief writes ``<output-dir>/metrics.json`` (history, accuracy,
 timings), which the driver prints. ``--master`` defaults to an embedded
 ``local-cluster[2,1,1024]``; ``spark://127.0.0.1:7077`` runs on a standalone cluster on this
-host, and under ``spark-submit`` the submitted master is used. The nodes' own output (one line
-per epoch) goes to the executors' stderr logs.
+host, and under ``spark-submit`` the submitted master is used. The chief reports each epoch's
+metrics to the driver with ``ctx.report``, which prints them; the nodes' own output goes to the
+executors' stderr logs.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     import keras
 
     keras.utils.set_random_seed(args.seed)
-    from tfonspark.datasets import load_mnist
     from tfonspark.demo import build_model
+    from tfonspark.demo.datasets import load_mnist
     from tfonspark.keras import export_saved_model, fit
 
     started = time.monotonic()
@@ -92,6 +93,8 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
         epochs=args.epochs,
         validation_data=_dataset_fn(*test, args.batch_size),
         model_dir=args.model_dir,
+        on_progress=_epoch_reporter(ctx),
+        verbose=0,
     )
     export_saved_model(model, os.path.join(args.output_dir, "export"))
     if ctx.is_chief:
@@ -107,6 +110,22 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
                 "node_seconds": time.monotonic() - started,
             },
         )
+
+
+def _epoch_reporter(ctx: Any) -> Any:
+    """An ``on_progress`` for fit: the chief reports each epoch's global metrics to the driver."""
+
+    def on_progress(progress: Any) -> None:
+        if progress.epoch_end and ctx.is_chief:
+            ctx.report({"epoch": progress.epoch + 1, **progress.logs})
+
+    return on_progress
+
+
+def print_epoch(report: Any) -> None:
+    """``on_report`` on the driver: one line per epoch report."""
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items() if k != "epoch")
+    print(f"epoch {report.metrics.get('epoch')} ({report.node}): {metrics}", flush=True)
 
 
 def _shard(images: Any, labels: Any, ctx: Any) -> tuple[Any, Any]:
@@ -145,7 +164,13 @@ def train(sc: Any, args: argparse.Namespace) -> dict[str, Any]:
     args.threads = max(1, sc.defaultParallelism // args.nodes)  # cores per node
     started = time.monotonic()
     cluster = tfonspark.run(
-        sc, main_fun, args, args.nodes, input_mode=tfonspark.InputMode.TENSORFLOW, reservation_timeout=300
+        sc,
+        main_fun,
+        args,
+        args.nodes,
+        input_mode=tfonspark.InputMode.TENSORFLOW,
+        reservation_timeout=300,
+        on_report=print_epoch,
     )
     cluster.shutdown(timeout=7200)
     return _add_metrics(args.output_dir, cluster_seconds=time.monotonic() - started)

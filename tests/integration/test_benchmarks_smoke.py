@@ -62,3 +62,23 @@ def test_inference_benchmark_quick_run_prints_a_table():
     assert len(rows) == 1 and "TFoS 2.2.5" not in header
     assert rates["tfonspark"] not in ("", "n/a") and rates["predict_batch_udf"] not in ("", "n/a"), rates
     assert "tfonspark >= 1x predict_batch_udf" in out
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "examples"])
+def test_benchmarks_and_examples_import_only_public_tfonspark_names(folder: str) -> None:
+    """What users copy from must not lean on private modules (``tfonspark._x``) or names (``_y``)."""
+    import ast
+
+    private = []
+    for path in sorted((REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfonspark"):
+                modules, names = [node.module or ""], [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names if a.name.startswith("tfonspark")], []
+            else:
+                continue
+            parts = [p for m in modules for p in m.split(".")] + names
+            if any(p.startswith("_") for p in parts):
+                private.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert private == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_datasets import write_idx
-from tfonspark.datasets import MNIST_FILES, load_digits_as_mnist
+from tfonspark.demo.datasets import MNIST_FILES, load_digits_as_mnist
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "mnist"
@@ -73,6 +73,9 @@ def test_mnist_tf_trains_exports_and_inference_labels_every_row(digits_dir: Path
     trained = run([str(EXAMPLES / "mnist_tf.py"), "--data", str(digits_dir), *TINY, "--output-dir", str(out)], tmp_path)
     accuracy = printed_accuracy(trained)
     assert accuracy > 0.2, trained[-2000:]  # one epoch of 15 steps; chance is 0.1
+    assert re.search(r"^epoch 1 \(worker:0\): loss \d\.\d{4}.*  val_accuracy \d\.\d{4}$", trained, re.M), trained[
+        -2000:
+    ]
     assert (out / "export" / "saved_model.pb").is_file() and (out / "metrics.json").is_file()
 
     # local[2]: one JVM starts faster, and where the model runs does not matter here
@@ -109,6 +112,7 @@ def test_mnist_spark_feeds_a_dataframe(digits_dir: Path, tmp_path: Path) -> None
     )
     assert printed_accuracy(output) > 0.2, output[-2000:]
     assert "1 epochs x 15 steps, 1000 rows fed, 960 trained" in output
+    assert re.search(r"^epoch 1 \(worker:0\): loss \d\.\d{4}.*  val_accuracy \d\.\d{4}$", output, re.M), output[-2000:]
     assert (out / "export" / "saved_model.pb").is_file()
 
 

@@ -1,15 +1,23 @@
-"""hdfs_path (TFoS semantics), NodeContext, and the error tree's picklability."""
+"""hdfs_path (TFoS semantics), NodeContext (ctx.report included), and the error tree's picklability."""
 
 from __future__ import annotations
 
+import ast
 import getpass
 import inspect
+import json
+import logging
+import math
 import pickle
 import socket
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+import tfonspark
 import tfonspark.errors as errors_module
 from tfonspark.errors import (
     AuthenticationError,
@@ -25,7 +33,9 @@ from tfonspark.errors import (
     ShutdownTimeout,
     TFoSError,
 )
+from tfonspark.tfprocess import server as server_module
 from tfonspark.tfprocess.context import NodeContext, hdfs_path
+from tfonspark.tfprocess.report import MAX_REPORT_BYTES, Reporter, report_payload
 
 USER = getpass.getuser()
 
@@ -167,6 +177,209 @@ def test_release_port_without_a_socket_is_a_no_op():
 def test_get_data_feed_without_a_feed_server_says_why():
     with pytest.raises(FeedError, match="input_mode=InputMode.SPARK"):
         make_ctx().get_data_feed()
+
+
+# ---- ctx.report ----------------------------------------------------------------------------------
+
+
+def reporting_ctx() -> tuple[NodeContext, list[dict]]:
+    sent: list[dict] = []
+    return make_ctx(reporter=sent.append), sent
+
+
+def test_report_hands_the_metrics_to_the_reporter_as_plain_json():
+    ctx, sent = reporting_ctx()
+    ctx.report({"step": 3, "loss": 0.5, "done": False, "note": None, "tag": "a"})
+    ctx.report(
+        {
+            "loss": np.float32(0.25),
+            "step": np.int64(7),
+            "ok": np.bool_(True),
+            "hist": np.array([1, 2, 3], np.int32),
+            "matrix": np.eye(2),
+            "nested": {"a": [np.float64(1.5), (1, 2)], "b": {"c": np.uint8(4)}},
+        }
+    )
+    assert sent[0] == {"step": 3, "loss": 0.5, "done": False, "note": None, "tag": "a"}
+    assert sent[1] == {
+        "loss": 0.25,
+        "step": 7,
+        "ok": True,
+        "hist": [1, 2, 3],
+        "matrix": [[1.0, 0.0], [0.0, 1.0]],
+        "nested": {"a": [1.5, [1, 2]], "b": {"c": 4}},
+    }
+    for payload in sent:  # plain Python values all the way down: the json module takes them as they are
+        assert json.loads(json.dumps(payload)) == payload
+    assert type(sent[1]["loss"]) is float and type(sent[1]["step"]) is int and type(sent[1]["ok"]) is bool
+
+
+def test_report_keeps_non_finite_floats():
+    ctx, sent = reporting_ctx()
+    ctx.report({"loss": float("nan"), "grad": np.float32("inf")})
+    assert math.isnan(sent[0]["loss"]) and sent[0]["grad"] == math.inf
+
+
+def test_report_takes_eager_tensors():
+    tf = pytest.importorskip("tensorflow")
+    ctx, sent = reporting_ctx()
+    ctx.report({"loss": tf.constant(0.5), "counts": tf.constant([1, 2])})
+    assert sent == [{"loss": 0.5, "counts": [1, 2]}]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "message"),
+    [
+        ([("loss", 0.5)], "mapping of metric name -> value. Received: list"),
+        ({1: 0.5}, "keys must be str. Received: key 1 (int)"),
+        ({"epoch": {2: 0.5}}, "keys must be str. Received: key 2 (int) in 'epoch'"),
+        ({"model": object()}, "Received: model=object"),
+        ({"when": np.datetime64("2024-01-01")}, "Received: when=datetime64"),
+        ({"z": np.array([1j])}, "Received: z=ndarray of dtype complex128"),
+        ({"h": {"loss": [0.5, {1, 2}]}}, "Received: h.loss[1]=set"),
+        ({"b": b"bytes"}, "Received: b=bytes"),
+    ],
+)
+def test_report_refuses_what_json_cannot_carry_naming_the_key(metrics, message):
+    ctx, sent = reporting_ctx()
+    with pytest.raises(ConfigError, match="JSON|mapping|keys must be str") as err:
+        ctx.report(metrics)
+    assert message in str(err.value)
+    assert sent == []
+
+
+def test_report_refuses_a_cycle():
+    loop: dict = {}
+    loop["self"] = loop
+    with pytest.raises(ConfigError, match="nest more than"):
+        report_payload({"loop": loop})
+
+
+def test_report_size_is_capped():
+    ctx, sent = reporting_ctx()
+    ctx.report({"predictions": list(range(10_000))})  # ~49 KB: fine
+    with pytest.raises(ConfigError, match=f"at most {MAX_REPORT_BYTES} bytes") as err:
+        ctx.report({"loss": 0.5, "predictions": list(range(20_000))})
+    assert "largest key: 'predictions'" in str(err.value)
+    assert len(sent) == 1
+
+
+def test_report_outside_a_cluster_is_logged(caplog):
+    ctx = make_ctx()
+    with caplog.at_level(logging.INFO, logger="tfonspark.report"):
+        ctx.report({"loss": np.float32(0.5)})
+    assert "worker:0 reports {'loss': 0.5}" in caplog.text
+
+
+def test_reporter_sends_in_order_off_the_callers_thread():
+    sent: list[tuple[dict, str]] = []
+    reporter = Reporter(lambda payload: sent.append((payload, threading.current_thread().name)))
+    for i in range(50):
+        reporter({"i": i})
+    assert reporter.flush(5)
+    assert [p["i"] for p, _ in sent] == list(range(50))
+    assert {name for _, name in sent} == {"tfos-report"}
+
+
+def test_reporter_never_blocks_and_drops_the_oldest(caplog):
+    release = threading.Event()
+    sent: list[int] = []
+
+    def stuck(payload: dict) -> None:  # a supervisor that does not read its pipe
+        release.wait(10)
+        sent.append(payload["i"])
+
+    reporter = Reporter(stuck, max_pending=3)
+    with caplog.at_level(logging.WARNING):
+        for i in range(10):
+            reporter({"i": i})  # returns at once although nothing can be sent
+    assert not reporter.flush(0.05)
+    release.set()
+    assert reporter.flush(5)
+    assert sent[-3:] == [7, 8, 9] and reporter.dropped == len(range(10)) - len(sent)
+    assert caplog.text.count("dropping the oldest") == 1
+
+
+def test_reporter_survives_a_sender_that_fails():
+    calls: list[int] = []
+
+    def broken(payload: dict) -> None:
+        calls.append(payload["i"])
+        raise BrokenPipeError("the supervisor is gone")
+
+    reporter = Reporter(broken)
+    reporter({"i": 1})
+    reporter({"i": 2})
+    assert reporter.flush(5) and calls == [1, 2]
+
+
+def test_the_tf_process_sends_reports_as_node_events_to_its_supervisor():
+    """entry.py's reporter writes the status line that the supervisor relays as NodeEvent("report")."""
+    import io
+
+    from tfonspark.tfprocess import entry
+
+    status = io.StringIO()
+    reporter = entry._reporter(status)
+    make_ctx(reporter=reporter).report({"step": np.int64(1), "loss": 0.5})
+    assert reporter.flush(5)
+    line = status.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line) == {"event": "node_event", "kind": "report", "detail": {"step": 1, "loss": 0.5}}
+
+
+def test_reporter_needs_room_for_one():
+    with pytest.raises(ConfigError, match="max_pending"):
+        Reporter(lambda payload: None, max_pending=0)
+
+
+# ---- TFoS helpers live in the core -------------------------------------------------------------------
+
+
+def test_start_cluster_server_releases_the_port_and_starts_tf_server(monkeypatch):
+    calls = []
+    fake_tf = SimpleNamespace(
+        train=SimpleNamespace(ClusterSpec=lambda spec: ("spec", spec)),
+        distribute=SimpleNamespace(Server=lambda cluster, **kw: calls.append((cluster, kw)) or "server"),
+    )
+    monkeypatch.setitem(__import__("sys").modules, "tensorflow", fake_tf)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    ctx = make_ctx("worker", 2, tmp_socket=sock)
+    assert ctx.start_cluster_server(rdma=True) == (("spec", SPEC), "server")
+    assert sock.fileno() == -1
+    assert calls == [(("spec", SPEC), {"job_name": "worker", "task_index": 2, "protocol": "grpc+verbs"})]
+    assert tfonspark.TFNode.start_cluster_server is server_module.start_cluster_server
+
+
+def test_ctx_and_tfnode_export_through_the_one_implementation(monkeypatch):
+    from tfonspark.distribute import checkpoint
+
+    calls = []
+    monkeypatch.setattr(checkpoint, "export_saved_model", lambda *a, **kw: calls.append((a, kw)) or "dir")
+    assert make_ctx().export_saved_model("model", "/x", signatures="sigs") == "dir"
+    assert tfonspark.TFNode.export_saved_model("model", "/y", is_chief=False) == "dir"
+    assert calls == [
+        (("model", "/x"), {"signatures": "sigs", "is_chief": True}),
+        (("model", "/y"), {"signatures": None, "is_chief": False}),
+    ]
+
+
+def test_the_core_never_imports_the_tfos_face():
+    """tfprocess/ and distribute/ implement; TFNode.py only re-exports them (no import circle)."""
+    package = Path(tfonspark.__file__).parent
+    offenders = []
+    for path in [*package.glob("tfprocess/*.py"), *package.glob("distribute/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n.split(".")[-1] == "TFNode" or n.endswith(".TFNode") for n in names):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []
 
 
 # ---- errors --------------------------------------------------------------------------------------------

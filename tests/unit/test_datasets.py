@@ -1,4 +1,4 @@
-"""tfonspark.datasets: idx reading (real and corrupt files), MNIST directories, digits fallback."""
+"""tfonspark.demo.datasets: idx reading (real and corrupt files), MNIST directories, digits fallback."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfonspark import datasets
-from tfonspark.datasets import (
+from tfonspark.demo import datasets
+from tfonspark.demo.datasets import (
     DATA_ENV_VAR,
     FASHION_CLASS_NAMES,
     MNIST_FILES,
@@ -501,7 +501,7 @@ def test_exported_members() -> None:
 
 
 def test_import_is_light() -> None:
-    code = "import sys, tfonspark.datasets; print('sklearn' in sys.modules)"
-    env = {**os.environ, "PYTHONPATH": str(Path(datasets.__file__).parents[1])}
+    code = "import sys, tfonspark.demo.datasets; print('sklearn' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(datasets.__file__).parents[2])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"

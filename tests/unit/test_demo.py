@@ -1,41 +1,24 @@
-"""The demo's parts without Spark: progress channel, console, data helpers, feed drain, CLI checks."""
+"""The demo's parts without Spark: progress reports, console, data helpers, CLI checks."""
 
 from __future__ import annotations
 
-import threading
-import time
+import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tfonspark import demo
-from tfonspark._demo.data import limit_rows, shard, to_features
-from tfonspark._demo.feed import DrainableFeed
-from tfonspark._demo.progress import (
-    ProgressSender,
-    ProgressServer,
-    format_progress,
-    progress_message,
-)
+from tfonspark.demo import cli, limit_rows, shard, to_features
+from tfonspark.demo.progress import Console, format_progress, progress_message, result_message
+from tfonspark.driver.reports import Report
 from tfonspark.errors import ConfigError
-from tfonspark.tfprocess.feedserver import FeedServer
-
-from .test_feed_local import SECRET, Bg, close_feed, feeder_for
+from tfonspark.tfprocess.report import report_payload
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
-# ---- progress channel ---------------------------------------------------------------------------
+# ---- progress reports ---------------------------------------------------------------------------
 
 
 def progress(**overrides):
@@ -57,17 +40,9 @@ def progress(**overrides):
     return value
 
 
-def test_messages_cross_the_channel_in_order_with_the_worker_added():
-    received: list[dict] = []
-    with ProgressServer("127.0.0.1", received.append) as server:
-        sender = ProgressSender(server.address, server.secret_hex, worker=1)
-        sender(progress())
-        assert sender.send({"kind": "result", "predictions": list(range(10_000))})
-        sender.close()
-        assert wait_for(lambda: len(received) == 2)
-    first, second = received
-    assert first == {
-        "worker": 1,
+def test_a_progress_message_is_a_valid_report():
+    message = progress_message(progress(logs={"loss": np.float32(0.25), "accuracy": 0.9, "note": "x"}))
+    assert report_payload(message) == {
         "kind": "progress",
         "epoch": 1,
         "step": 40,
@@ -77,23 +52,22 @@ def test_messages_cross_the_channel_in_order_with_the_worker_added():
         "global_rows": None,
         "logs": {"loss": 0.25, "accuracy": 0.9},
     }
-    assert second["kind"] == "result" and second["predictions"][-1] == 9999
 
 
-def test_a_sender_without_the_secret_is_refused_and_goes_quiet():
-    received: list[dict] = []
-    with ProgressServer("127.0.0.1", received.append) as server:
-        intruder = ProgressSender(server.address, "00" * 32, worker=0)
-        assert not intruder.send({"kind": "progress"})
-        assert not intruder.send({"kind": "progress"})  # broken: no second attempt
-    assert received == []
+def test_the_result_is_small_whatever_the_test_set():
+    matrix = np.diag(np.full(10, 60_000 // 10))  # a 60,000-image test set
+    message = result_message({"loss": [np.float32(0.5), 0.25], "val_accuracy": [0.9, 0.95]}, matrix)
+    assert report_payload(message) == message
+    assert message["confusion"][3][3] == 6000 and message["history"]["loss"] == [0.5, 0.25]
+    assert len(json.dumps(message)) < 1000
 
 
-def test_a_sender_never_raises_when_the_driver_is_gone():
-    server = ProgressServer("127.0.0.1", lambda message: None)
-    address, secret = server.address, server.secret_hex
-    server.close()
-    assert not ProgressSender(address, secret, worker=0).send({"kind": "progress"})
+def test_pairs_reproduce_the_confusion_matrix():
+    from tfonspark.demo.plots import confusion_matrix
+
+    counts = np.array([[3, 1, 0], [0, 2, 2], [1, 0, 5]])
+    labels, predictions = cli._pairs(counts)
+    assert np.array_equal(confusion_matrix(labels, predictions, 3), counts)
 
 
 def test_format_progress_step_and_epoch_lines():
@@ -113,23 +87,24 @@ def test_format_progress_step_and_epoch_lines():
 # ---- the demo's console -------------------------------------------------------------------------
 
 
+def report(index: int, metrics: dict) -> Report:
+    return Report("worker", index, metrics)
+
+
 def test_console_prints_the_chief_sums_rates_and_keeps_the_result(capsys):
-    console = demo._Console(epochs=2)
-    console({"kind": "progress", "worker": 1, **progress_message(progress(rows=3000))})
-    console({"kind": "progress", "worker": 0, **progress_message(progress())})
-    console(
-        {"kind": "progress", "worker": 0, **progress_message(progress(step=100, epoch_end=True, global_rows=12800))}
-    )
-    console(
-        {"kind": "progress", "worker": 1, **progress_message(progress(step=100, epoch_end=True, global_rows=12800))}
-    )
-    console({"kind": "result", "worker": 0, "history": {}})
-    console({"kind": "something else"})
+    console = Console(epochs=2)
+    console(report(1, progress_message(progress(rows=3000))))
+    console(report(0, progress_message(progress())))
+    console(report(0, progress_message(progress(step=100, epoch_end=True, global_rows=12800))))
+    console(report(1, progress_message(progress(step=100, epoch_end=True, global_rows=12800))))
+    assert console.wait_for_result(0.01) is None
+    console(report(0, {"kind": "result", "history": {}}))
+    console(report(0, {"kind": "something else"}))
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines  # worker 1 is summed into the rate, not printed
     assert "2780 rows/s (2 nodes)" in lines[0] and "done:" in lines[1]
     assert console.trained_rows == 12800
-    assert console.result == {"kind": "result", "worker": 0, "history": {}}
+    assert console.wait_for_result(0.01) == {"kind": "result", "history": {}}
 
 
 # ---- data helpers -------------------------------------------------------------------------------
@@ -164,60 +139,6 @@ def test_shards_partition_the_rows():
         shard(rows, 3, 3)
 
 
-# ---- DrainableFeed --------------------------------------------------------------------------------
-
-
-def fed_server(rows: int, partitions: int) -> tuple[FeedServer, Bg]:
-    """A FeedServer being fed ``rows`` (x, label=i) rows in ``partitions`` partitions."""
-    server = FeedServer(SECRET)
-    feeder = feeder_for(server)
-    per = rows // partitions
-
-    def feed_all() -> int:
-        total = 0
-        for p in range(partitions):
-            part = [(np.full(4, i, np.float32), i) for i in range(p * per, (p + 1) * per)]
-            total += next(feeder.train_rdd(p, iter(part)))
-        close_feed(server)
-        return total
-
-    return server, Bg(feed_all)
-
-
-def test_drain_reads_the_rest_of_the_feed_until_its_end():
-    server, feeding = fed_server(3000, 3)
-    try:
-        feed = DrainableFeed(server)
-        first = feed.next_columns(100)
-        assert first is not None and first.count == 100
-        assert feed.drain() == 2900
-        assert feeding.get() == 3000
-        assert feed.next_columns(10) is None and feed.drain() == 0
-    finally:
-        server.close()
-
-
-def test_concurrent_readers_each_row_exactly_once():
-    server, feeding = fed_server(6000, 4)
-    try:
-        feed = DrainableFeed(server)
-        seen: list[np.ndarray] = []
-        lock = threading.Lock()
-
-        def read() -> None:
-            while (batch := feed.next_columns(37)) is not None:
-                with lock:
-                    seen.append(np.asarray(batch.columns[1]))
-
-        readers = [Bg(read) for _ in range(3)]
-        for reader in readers:
-            reader.get()
-        assert feeding.get() == 6000
-        assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(6000))
-    finally:
-        server.close()
-
-
 # ---- CLI ------------------------------------------------------------------------------------------
 
 
@@ -234,22 +155,19 @@ def test_main_reports_a_missing_data_directory(tmp_path, capsys):
 
 
 def test_recipe_defaults_depend_on_the_data_size():
-    server = SimpleNamespace(address=("127.0.0.1", 1), secret_hex="ab" * 32)
     dataset = SimpleNamespace(
         image_shape=(28, 28),
         num_classes=10,
         test_images=np.zeros((1, 28, 28), np.uint8),
         test_labels=np.zeros(1, np.uint8),
     )
-    args = demo._parse_args([])
-    small = demo._node_args(args, dataset, 1438, server, threads=1)
+    args = cli._parse_args([])
+    small = cli._node_args(args, dataset, 1438, threads=1)
     assert (small.epochs, small.global_batch, small.steps_per_epoch) == (10, 64, 22)
-    large = demo._node_args(args, dataset, 60_000, server, threads=1)
+    large = cli._node_args(args, dataset, 60_000, threads=1)
     assert (large.epochs, large.global_batch, large.steps_per_epoch) == (3, 128, 468)
     assert large.log_every_steps == 117
-    explicit = demo._node_args(
-        demo._parse_args(["--epochs", "2", "--batch-size", "100"]), dataset, 60_000, server, threads=1
-    )
+    explicit = cli._node_args(cli._parse_args(["--epochs", "2", "--batch-size", "100"]), dataset, 60_000, threads=1)
     assert (explicit.epochs, explicit.global_batch, explicit.steps_per_epoch) == (2, 100, 600)
 
 
@@ -268,3 +186,19 @@ def test_the_model_takes_flat_images_and_returns_logits():
     assert model.input_shape == (None, 784)
     assert tuple(model(np.zeros((3, 784), np.float32)).shape) == (3, 10)
     assert model.compiled and model.optimizer is not None
+
+
+def test_the_public_names_are_the_package_s():
+    assert demo.__all__ == sorted(demo.__all__)
+    assert all(hasattr(demo, name) for name in demo.__all__)
+    assert demo.to_features is to_features and demo.DEFAULT_MASTER == "local-cluster[2,1,1024]"
+
+
+def test_python_m_tfonspark_demo_runs_the_cli():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tfonspark.demo", "--epochs", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1 and "--epochs must be >= 1" in out.stderr

@@ -1,4 +1,4 @@
-"""tfonspark.plots: the confusion matrix arithmetic and the PNG files the demo writes."""
+"""tfonspark.demo.plots: the confusion matrix arithmetic and the PNG files the demo writes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfonspark import plots
+from tfonspark.demo import plots
+from tfonspark.demo.plots import confusion_matrix, save_confusion_matrix, save_training_curves
 from tfonspark.errors import ConfigError
-from tfonspark.plots import confusion_matrix, save_confusion_matrix, save_training_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HISTORY = {
@@ -144,7 +144,7 @@ def test_drawing_leaves_pyplot_alone(tmp_path: Path) -> None:
     """Importing plots loads no matplotlib; drawing loads no pyplot and keeps the backend."""
     code = f"""
 import sys, matplotlib
-import tfonspark.plots as p
+import tfonspark.demo.plots as p
 backend = dict.__getitem__(matplotlib.rcParams, "backend")
 assert "matplotlib.pyplot" not in sys.modules
 p.save_training_curves({{"loss": [1.0, 0.5]}}, {str(tmp_path / "a.png")!r})
@@ -152,9 +152,9 @@ p.save_confusion_matrix([0, 1], [0, 1], {str(tmp_path / "b.png")!r})
 assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
 assert dict.__getitem__(matplotlib.rcParams, "backend") == backend
 """
-    env = {**os.environ, "PYTHONPATH": str(Path(plots.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(plots.__file__).parents[2])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
-    light = "import sys, tfonspark.plots; print('matplotlib' in sys.modules)"
+    light = "import sys, tfonspark.demo.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,35 +1,34 @@
-"""The context object handed to ``map_fun(args, ctx)`` in every TF process (TFoS-compatible)."""
+"""The context object handed to ``map_fun(args, ctx)`` in every TF process (TFoS-compatible).
+
+The TFoS helpers it offers (``start_cluster_server``, ``export_saved_model``) are implemented in
+the core (:mod:`.server`, :mod:`tfonspark.distribute.checkpoint`); ``tfonspark.TFNode`` re-exports
+them for TFoS programs, never the other way round.
+"""
 
 from __future__ import annotations
 
-import getpass
-import re
+import logging
+import os
 import socket
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from ..fs import qualify
+from .report import report_payload
+from .server import start_cluster_server as _start_cluster_server
 
 __all__ = ["NodeContext", "hdfs_path"]
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_report_log = logging.getLogger("tfonspark.report")
 
 
 def hdfs_path(ctx: Any, path: str) -> str:
-    """Resolve ``path`` against the cluster's default filesystem, as TFoS does.
+    """Resolve ``path`` against the cluster's default filesystem, as TFoS does (:func:`tfonspark.fs.qualify`).
 
     A path with a scheme is kept; an absolute path gets ``defaultFS``; a relative path goes under
     the working directory for ``file://`` and under ``/user/<user>/`` for hdfs and viewfs.
     """
-    if _SCHEME.match(path):
-        return path
-    default_fs = ctx.defaultFS
-    while default_fs.endswith("/") and not default_fs.endswith("://"):
-        default_fs = default_fs[:-1]  # "file:///" -> "file://", "hdfs://nn:8020/" -> "hdfs://nn:8020"
-    if path.startswith("/"):
-        return default_fs + path
-    if default_fs.startswith(("hdfs://", "viewfs://")):
-        return f"{default_fs}/user/{getpass.getuser()}/{path}"
-    if default_fs.startswith("file://"):
-        return f"{default_fs}/{ctx.working_dir.strip('/')}/{path}"
-    return f"{default_fs}/{path}"
+    return qualify(path, default_fs=str(ctx.defaultFS), working_dir=str(ctx.working_dir), tfos=True)
 
 
 class NodeContext:
@@ -47,6 +46,7 @@ class NodeContext:
         mgr: Any = None,
         tmp_socket: socket.socket | None = None,
         tensorboard_url: str = "",
+        reporter: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.executor_id = executor_id
         self.worker_num = executor_id
@@ -59,6 +59,7 @@ class NodeContext:
         self.mgr = mgr
         self.tmp_socket = tmp_socket
         self.tensorboard_url = tensorboard_url
+        self._reporter = reporter
 
     @property
     def is_chief(self) -> bool:
@@ -85,15 +86,49 @@ class NodeContext:
 
         return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
 
-    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> Any:
-        from ..TFNode import start_cluster_server
+    def report(self, metrics: Mapping[str, Any]) -> None:
+        """Send ``metrics`` to the driver: ``tfonspark.run(..., on_report=...)`` and ``cluster.reports``.
 
-        return start_cluster_server(self, num_gpus, rdma)
+        For progress and results: ``ctx.report({"epoch": 3, "loss": 0.21})``. The driver receives
+        a :class:`tfonspark.driver.reports.Report` with this node's ``role`` and ``index``.
 
-    def export_saved_model(self, *args: Any, **kwargs: Any) -> Any:
-        from ..TFNode import export_saved_model
+        ``metrics`` is a mapping with ``str`` keys and JSON values (str, int, float, bool, None,
+        lists and str-keyed dicts of them); numpy scalars and arrays and eager tensors are
+        converted to Python numbers and lists. At most 64 KiB as JSON. Anything else raises
+        :class:`~tfonspark.errors.ConfigError` naming the key, here, before anything is sent.
 
-        return export_saved_model(*args, **kwargs)
+        It never blocks training for long and never raises once the metrics are valid: reports
+        are sent in order by a background thread, over the node's existing authenticated
+        channel to the driver; if the driver or the node's supervisor is gone they are dropped,
+        and if more than 256 are waiting the oldest are. Reports still waiting when ``map_fun``
+        returns are sent before the process exits (for up to 10 s). Outside a cluster (a
+        context made by hand) reports are logged at INFO on the ``tfonspark.report`` logger.
+        """
+        payload = report_payload(metrics)
+        if self._reporter is None:
+            _report_log.info("%s:%d reports %s", self.job_name, self.task_index, payload)
+            return
+        self._reporter(payload)
+
+    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+        """Start this node's ``tf.distribute.Server``: see :func:`tfonspark.tfprocess.server.start_cluster_server`."""
+        return _start_cluster_server(self, num_gpus, rdma)
+
+    def export_saved_model(
+        self,
+        model: Any,
+        export_dir: str | os.PathLike[str],
+        signatures: Any = None,
+        is_chief: bool = True,
+    ) -> str | None:
+        """TFoS ``export_saved_model``: see :func:`tfonspark.distribute.checkpoint.export_saved_model`.
+
+        A Keras model built under a strategy is exported by every worker and kept by the chief;
+        anything else is written only where ``is_chief`` is true.
+        """
+        from ..distribute.checkpoint import export_saved_model
+
+        return export_saved_model(model, export_dir, signatures=signatures, is_chief=is_chief)
 
     def __repr__(self) -> str:
         return (

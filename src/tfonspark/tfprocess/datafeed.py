@@ -4,10 +4,15 @@
 tensor name -> numpy array); in inference mode a batch never spans two partitions, so results
 can go back to the partition they belong to. ``as_dataset(batch_size)`` streams whole columnar
 batches into ``tf.data`` without per-row Python work.
+
+One ``DataFeed`` may be read from several threads at once (the training loop, ``tf.data``'s
+prefetch threads, :meth:`DataFeed.drain`): every read takes the feed's lock, so each batch comes
+whole from one read and every row goes to exactly one reader.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +23,8 @@ from ..wire.codec import ColumnBatch, pack_rows
 from .feedserver import END_FEED, Stream, require_server
 
 __all__ = ["DataFeed", "feed_dataset"]
+
+_DRAIN_BATCH = 16_384  # rows per read while draining
 
 
 def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
@@ -40,7 +47,14 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
 
 
 class DataFeed:
-    """Reads batches fed by ``Cluster.train``/``inference`` on this node."""
+    """Reads batches fed by ``Cluster.train``/``inference`` on this node.
+
+    Thread-safe: reads (:meth:`next_columns`, :meth:`next_batch`, :meth:`as_dataset`'s
+    generator, :meth:`drain`) are serialised by a lock, so concurrent readers never interleave
+    inside a batch, and each row is read once. A reader waiting for data holds the lock; the
+    others wait for it. :meth:`batch_results` answers the last batch read on this feed, by any
+    thread: an inference loop must read and answer from one thread at a time.
+    """
 
     def __init__(
         self,
@@ -59,6 +73,7 @@ class DataFeed:
         self.done_feeding = False
         self._pending: tuple[Stream, ColumnBatch, int] | None = None
         self._last: tuple[Stream | None, int] = (None, 0)
+        self._lock = threading.Lock()  # held by every read (see the class docstring)
 
     # ---- reading -------------------------------------------------------------------------
     def _fill(self, stop_at_boundary: bool = False) -> bool:
@@ -86,9 +101,17 @@ class DataFeed:
         return True
 
     def next_columns(self, batch_size: int) -> ColumnBatch | None:
-        """Up to ``batch_size`` rows as columns, or None once the feed has ended."""
+        """Up to ``batch_size`` rows as columns, or None once the feed has ended.
+
+        Blocks until data arrives or the driver ends the feed. Safe to call from several threads.
+        """
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1. Received: {batch_size}")
+        with self._lock:
+            return self._read(batch_size)
+
+    def _read(self, batch_size: int) -> ColumnBatch | None:
+        """``next_columns`` with the lock held."""
         parts: list[ColumnBatch] = []
         total = 0
         stream: Stream | None = None
@@ -139,7 +162,32 @@ class DataFeed:
         return out
 
     def should_stop(self) -> bool:
+        """True once the feed has ended (TFoS ``should_stop``)."""
         return self.done_feeding
+
+    def drain(self) -> int:
+        """Read and drop whatever is left of a training feed; return how many rows were dropped.
+
+        For ``model.fit(..., steps_per_epoch=...)`` on a feed: the steps are fixed, the fed rows
+        are not exactly a multiple of them (and not split evenly between nodes), so the last
+        step leaves rows behind. Until they are read, the feed's buffer stays full and the
+        driver's ``cluster.train`` cannot finish. Call ``drain()`` after training: it returns
+        when the feed ends (the driver's ``cluster.shutdown()``, or :meth:`terminate` on this
+        node), so do work that must not wait for the driver before it. A ``tf.data`` pipeline still
+        prefetching from this feed on another thread is fine: the two share the lock, and the
+        rows either of them reads are gone.
+
+        Training feeds only: an inference feed owes one result per row (``batch_results``).
+        """
+        if not self.train_mode:
+            raise InputError(
+                "drain() drops rows, which an inference feed must answer one for one with "
+                "batch_results(). Received: a DataFeed with train_mode=False"
+            )
+        dropped = 0
+        while (batch := self.next_columns(_DRAIN_BATCH)) is not None:
+            dropped += batch.count
+        return dropped
 
     # ---- results and control ------------------------------------------------------------------
     def batch_results(self, results: Any) -> None:
@@ -160,10 +208,14 @@ class DataFeed:
         stream.answer(batch)
 
     def terminate(self) -> None:
-        """Stop the feed early: queued data is dropped and feed tasks stop sending."""
-        self.server.terminate()
-        self.done_feeding = True
-        self._pending = None  # the rest of a partly read batch is dropped too
+        """Stop the feed early: queued data is dropped and feed tasks stop sending.
+
+        A reader blocked waiting for data wakes up and sees the end of the feed.
+        """
+        self.server.terminate()  # first: it wakes a reader that holds the lock while waiting
+        with self._lock:
+            self.done_feeding = True
+            self._pending = None  # the rest of a partly read batch is dropped too
 
     # ---- tf.data -------------------------------------------------------------------------------
     def as_dataset(self, batch_size: int, output_signature: Any = None) -> Any:
@@ -171,17 +223,20 @@ class DataFeed:
 
         The element spec is static: taken from ``output_signature`` or from the first batch
         (``None`` batch dimension); later batches are cast to it or rejected with InputError.
+        The dataset reads through :meth:`next_columns` (on ``tf.data``'s threads), so it may be
+        iterated while this node also calls :meth:`drain` or reads the feed itself.
         """
         import tensorflow as tf
 
         if output_signature is None:
-            if not self._fill():
-                raise InputError(
-                    "the feed ended before any data arrived, so the dataset's element "
-                    "spec is unknown; pass output_signature=..."
-                )
-            assert self._pending is not None
-            output_signature = _signature(self._structure(_arrays(self._pending[1])))
+            with self._lock:
+                if not self._fill():
+                    raise InputError(
+                        "the feed ended before any data arrived, so the dataset's element "
+                        "spec is unknown; pass output_signature=..."
+                    )
+                assert self._pending is not None
+                output_signature = _signature(self._structure(_arrays(self._pending[1])))
 
         flat_specs = tf.nest.flatten(output_signature)
 

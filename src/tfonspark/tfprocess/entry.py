@@ -4,7 +4,8 @@ Spawned by the supervisor as ``python -m tfonspark.tfprocess.entry --cluster ID 
 (labels for ``ps`` only) with the bootstrap on stdin.
 Events go to the supervisor over a status pipe as JSON lines: ``feed`` with the feed server's
 Unix socket as soon as it exists (so the supervisor removes it however this process dies),
-``up`` once the node is ready, ``node_event`` for what the feed server reports while it runs,
+``up`` once the node is ready, ``node_event`` for what the feed server reports while it runs
+and for ``ctx.report({...})`` (kind ``report``, sent from a background thread: :mod:`.report`),
 ``error`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died:
 this process removes its feed socket and exits at once (with its process group: TensorBoard)
 rather than outlive it.
@@ -20,6 +21,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
@@ -27,8 +29,10 @@ from ..executor.host import bind_address, remove_scratch
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import remove_unix_socket
 from .context import NodeContext
+from .report import Reporter
 
-_status_lock = threading.Lock()  # several threads emit (main, feed-server threads)
+_status_lock = threading.Lock()  # several threads emit (main, feed-server threads, reporter)
+_REPORT_FLUSH_SECS = 10.0  # how long reports still queued when map_fun returns may take to go out
 _cleanup_lock = threading.Lock()  # held while the feed socket is made, so _parent_gone sees it
 
 
@@ -68,7 +72,7 @@ def _emit(status: IO[str], event: str, **fields: Any) -> None:
         status.flush()
 
 
-def _event_sink(status: IO[str]) -> Any:
+def _event_sink(status: IO[str]) -> Callable[[str, dict[str, Any]], None]:
     """The feed server's ``on_event``: forwards ``(kind, detail)`` to the driver via the supervisor."""
 
     def on_event(kind: str, detail: dict[str, Any]) -> None:
@@ -78,6 +82,12 @@ def _event_sink(status: IO[str]) -> Any:
             )
 
     return on_event
+
+
+def _reporter(status: IO[str]) -> Reporter:
+    """``ctx.report``'s sender: ``node_event`` lines of kind ``report``, written off the caller's thread."""
+    on_event = _event_sink(status)
+    return Reporter(lambda payload: on_event("report", payload))
 
 
 def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status: IO[str]) -> Any:
@@ -121,6 +131,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
     host = header["host"]  # advertised to peers; servers bind ``bind_host``
     bind_host = bind_address(config.bind_host, host)
     tmp_socket = socket.socket(fileno=header["port_fd"])
+    reporter = _reporter(status)
     feed = None
     try:
         feed = _start_feed_server(config, header["job_name"], bind_host, status)
@@ -133,6 +144,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
             working_dir=header["working_dir"],
             mgr=feed,
             tmp_socket=tmp_socket,
+            reporter=reporter,
         )
         ctx.tensorboard_url = _start_tensorboard(config, ctx, host, bind_host)
         if config.release_port:
@@ -153,6 +165,8 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
             sys.stderr.write(text)
             _emit(status, "error", traceback=text)
             return 1
+        finally:
+            reporter.flush(_REPORT_FLUSH_SECS)  # what map_fun reported last is often the result
         return 0
     finally:
         if feed is not None:

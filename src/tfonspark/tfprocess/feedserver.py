@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FeedError, ProtocolError
+from ..settings import DEFAULT_FEED_BUFFER_BYTES
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
@@ -122,6 +123,9 @@ class ByteQueue:
         self._cond = threading.Condition()
         self.aborted = False
 
+    def _used(self) -> int:
+        return self.nbytes + self.reserved
+
     def _wait(self, full: Callable[[], bool], deadline: float | None) -> None:
         while full() and not self.aborted:
             left = None if deadline is None else deadline - time.monotonic()
@@ -152,11 +156,10 @@ class ByteQueue:
         """
         deadline = time.monotonic() + timeout
         with self._cond:
-            used = lambda: self.nbytes + self.reserved  # noqa: E731
-            self._wait(lambda: self.nbytes > 0 and used() + nbytes > self.capacity, deadline)
+            self._wait(lambda: self.nbytes > 0 and self._used() + nbytes > self.capacity, deadline)
             if self.aborted:
                 return None
-            if used() + nbytes <= self.capacity or used() == 0:
+            if self._used() + nbytes <= self.capacity or self._used() == 0:
                 self.reserved += nbytes
                 return True
             return False
@@ -310,7 +313,7 @@ class FeedServer:
     def __init__(
         self,
         secret: bytes,
-        buffer_bytes: int = 64 * 1024 * 1024,
+        buffer_bytes: int = DEFAULT_FEED_BUFFER_BYTES,
         host: str = "127.0.0.1",
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
@@ -327,7 +330,8 @@ class FeedServer:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((host, 0))
         sock.listen(256)
-        self.address: tuple[str, int] = tuple(sock.getsockname()[:2])  # type: ignore[assignment]
+        name = sock.getsockname()
+        self.address: tuple[str, int] = (str(name[0]), int(name[1]))
         self.port = self.address[1]
         unix = listen_unix("tfos-feed-")
         self.unix_path = unix.getsockname() if unix is not None else ""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -103,7 +103,8 @@ def _infer_num_classes(y_true: np.ndarray | Sequence[int], y_pred: np.ndarray | 
 def _row_fractions(counts: np.ndarray) -> np.ndarray:
     """Each row divided by its sum; rows without samples stay zero."""
     sums = counts.sum(axis=1, keepdims=True)
-    return np.divide(counts, sums, out=np.zeros(counts.shape), where=sums > 0)
+    fractions: np.ndarray = np.divide(counts, sums, out=np.zeros(counts.shape), where=sums > 0)
+    return fractions
 
 
 def _label_classes(ax: Axes, names: list[str]) -> None:

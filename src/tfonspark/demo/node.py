@@ -12,8 +12,12 @@ task, so the nodes receive about, not exactly, half the rows each. The nodes the
 * a node whose feed runs dry a little early trains on empty batches while the other finishes
   (``tf.distribute``'s handling of uneven input);
 * what is left after the last step (the imbalance between nodes plus ``rows % global_batch``
-  per pass, a few hundred rows on MNIST) is read and dropped, so that ``cluster.train`` always
+  per pass, a few hundred rows on MNIST) is read and dropped with
+  :meth:`~tfonspark.tfprocess.datafeed.DataFeed.drain`, so that ``cluster.train`` always
   completes; the driver reports rows fed minus rows trained.
+
+Progress goes to the driver with ``ctx.report`` (:mod:`.progress` says what is in a report);
+the chief's last report carries the history and the test set's confusion matrix.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from .data import shard, to_features
-from .feed import DrainableFeed
 from .model import build_model
-from .progress import ProgressSender
+from .plots import confusion_matrix
+from .progress import progress_message, result_message
 
-__all__ = ["NodeArgs", "configure_threads", "train_on_feed"]
+__all__ = ["NodeArgs", "configure_threads", "predict_classes", "train_on_feed"]
 
 _SHUFFLE_ROWS = 10_000
 _FEED_BATCH = 1024  # rows per read from the feed
@@ -46,8 +50,6 @@ class NodeArgs:
     num_classes: int
     test_images: np.ndarray
     test_labels: np.ndarray
-    progress_address: tuple[str, int]
-    progress_secret: str
     log_every_steps: int
     threads: int = 0
     export_dir: str | None = None
@@ -65,15 +67,14 @@ def configure_threads(threads: int) -> None:
 
 
 def train_on_feed(args: NodeArgs, ctx: Any) -> None:
-    """``map_fun``: train the demo CNN on the fed rows; the chief sends history and predictions."""
+    """``map_fun``: train the demo CNN on the fed rows; the chief reports history and test results."""
     configure_threads(args.threads)
     from .. import distribute
 
     strategy = distribute.strategy()  # before any other TensorFlow op
     from ..keras import export_saved_model, fit
 
-    sender = ProgressSender(args.progress_address, args.progress_secret, ctx.task_index)
-    feed = DrainableFeed(ctx.mgr)
+    feed = ctx.get_data_feed()
     with strategy.scope():
         model = build_model(args.image_shape, args.num_classes, total_steps=args.epochs * args.steps_per_epoch)
     history = fit(
@@ -82,7 +83,7 @@ def train_on_feed(args: NodeArgs, ctx: Any) -> None:
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
         validation_data=_test_input(args, ctx.task_index, ctx.num_workers),
-        on_progress=sender,
+        on_progress=lambda progress: ctx.report(progress_message(progress)),
         log_every_steps=args.log_every_steps,
         verbose=0,
     )
@@ -91,11 +92,11 @@ def train_on_feed(args: NodeArgs, ctx: Any) -> None:
         export_saved_model(model, args.export_dir)
     if ctx.is_chief:
         predictions = predict_classes(model, to_features(args.test_images))
-        sender.send({"kind": "result", "history": history.history, "predictions": predictions.tolist()})
-    sender.close()
+        matrix = confusion_matrix(args.test_labels, predictions, args.num_classes)
+        ctx.report(result_message(history.history, matrix))
 
 
-def _feed_input(feed: DrainableFeed, global_batch: int) -> Any:
+def _feed_input(feed: Any, global_batch: int) -> Any:
     """A ``dataset_fn``: this node's fed rows, shuffled, in per-node batches."""
     import tensorflow as tf
 

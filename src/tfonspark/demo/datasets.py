@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, DataFormatError
+from ..errors import ConfigError, DataFormatError
 
 __all__ = [
     "DATA_ENV_VAR",

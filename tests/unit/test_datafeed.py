@@ -1,0 +1,155 @@
+"""DataFeed read by several threads, and ``drain()``: against a real FeedServer, without Spark."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tfonspark.errors import InputError
+from tfonspark.tfprocess.datafeed import DataFeed
+from tfonspark.tfprocess.feedserver import FeedServer
+
+from .test_feed_local import SECRET, Bg, close_feed, feeder_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def fed_server(rows: int, partitions: int) -> tuple[FeedServer, Bg]:
+    """A FeedServer being fed rows ``(x, label=i)``, i = 0 .. rows-1, partition after partition.
+
+    Partitions go in order on one connection at a time, so the labels arrive in order: any
+    batch read whole is a run of consecutive labels. The end of the feed follows the last one.
+    """
+    server = FeedServer(SECRET)
+    feeder = feeder_for(server)
+    per = rows // partitions
+
+    def feed_all() -> int:
+        total = 0
+        for p in range(partitions):
+            part = [(np.full(4, i, np.float32), i) for i in range(p * per, (p + 1) * per)]
+            total += next(feeder.train_rdd(p, iter(part)))
+        close_feed(server)
+        return total
+
+    return server, Bg(feed_all)
+
+
+def labels_of(batch) -> np.ndarray:
+    return np.asarray(batch.columns[1])
+
+
+def test_drain_reads_the_rest_of_the_feed_until_its_end():
+    server, feeding = fed_server(3000, 3)
+    try:
+        feed = DataFeed(server)
+        first = feed.next_columns(100)
+        assert first is not None and first.count == 100
+        assert feed.drain() == 2900
+        assert feeding.get() == 3000
+        assert feed.should_stop()
+        assert feed.next_columns(10) is None and feed.drain() == 0
+    finally:
+        server.close()
+
+
+def test_drain_of_a_partly_read_batch_drops_its_rest():
+    server, feeding = fed_server(1000, 1)
+    try:
+        feed = DataFeed(server)
+        assert feeding.get() == 1000  # all queued: one 1000-row batch
+        assert labels_of(feed.next_columns(10)).tolist() == list(range(10))
+        assert feed.drain() == 990
+    finally:
+        server.close()
+
+
+def test_concurrent_readers_get_whole_batches_and_each_row_once():
+    server, feeding = fed_server(6000, 4)
+    try:
+        feed = DataFeed(server)
+        batches: list[np.ndarray] = []
+        lock = threading.Lock()
+
+        def read() -> None:
+            while (batch := feed.next_columns(37)) is not None:
+                with lock:
+                    batches.append(labels_of(batch))
+
+        readers = [Bg(read) for _ in range(3)]
+        for reader in readers:
+            reader.get()
+        assert feeding.get() == 6000
+        assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(6000))
+        for labels in batches:  # never two readers' rows in one batch
+            assert np.array_equal(labels, np.arange(labels[0], labels[0] + len(labels)))
+    finally:
+        server.close()
+
+
+def test_drain_while_another_thread_still_reads():
+    """fit's tf.data prefetch may still be reading when the node drains: no row is read twice."""
+    server, feeding = fed_server(8000, 4)
+    try:
+        feed = DataFeed(server)
+        taken: list[np.ndarray] = []
+
+        def prefetch() -> None:
+            while (batch := feed.next_batch(64)) != []:
+                taken.append(np.asarray([row[1] for row in batch]))
+
+        reader = Bg(prefetch)
+        time.sleep(0.05)
+        dropped = feed.drain()
+        reader.get()
+        assert feeding.get() == 8000
+        labels = np.concatenate(taken) if taken else np.zeros(0, np.int64)
+        assert len(np.unique(labels)) == len(labels)
+        assert len(labels) + dropped == 8000
+    finally:
+        server.close()
+
+
+def test_drain_refuses_an_inference_feed():
+    server = FeedServer(SECRET)
+    try:
+        with pytest.raises(InputError, match="batch_results"):
+            DataFeed(server, train_mode=False).drain()
+    finally:
+        server.close()
+
+
+def test_terminate_wakes_a_reader_waiting_for_data():
+    """The waiting reader holds the feed's lock; terminate() from another thread must not deadlock."""
+    server = FeedServer(SECRET)
+    try:
+        feed = DataFeed(server)
+        reader = Bg(feed.drain)
+        time.sleep(0.1)  # the reader now waits for data, holding the lock
+        stopper = Bg(feed.terminate)
+        stopper.get(10)
+        assert reader.get(10) == 0
+        assert feed.should_stop() and feed.next_columns(5) is None
+    finally:
+        server.close()
+
+
+def test_as_dataset_and_drain_share_the_feed():
+    """The demo's pattern: tf.data reads part of the feed on its threads, drain() takes the rest."""
+    pytest.importorskip("tensorflow")
+    server, feeding = fed_server(4000, 4)
+    try:
+        feed = DataFeed(server)
+        dataset = feed.as_dataset(100).prefetch(4)
+        seen = [int(n) for _, labels in dataset.take(5) for n in labels.numpy()]
+        dropped = feed.drain()
+        assert feeding.get() == 4000
+        assert seen == list(range(500))
+        # batches tf.data prefetched beyond the 5 taken are gone (read once, by it), never re-read
+        assert 500 + dropped <= 4000
+        assert 4000 - 500 - dropped <= 6 * 100
+    finally:
+        server.close()
