@@ -21,6 +21,8 @@ values that explain them as attributes.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AuthenticationError",
     "ClusterError",
@@ -40,12 +42,12 @@ __all__ = [
 class TFoSError(Exception):
     """Base of every tfonspark error."""
 
-    def __reduce__(self):  # keep subclasses with keyword attributes picklable
+    def __reduce__(self) -> tuple[Any, ...]:  # keep subclasses with keyword attributes picklable
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> TFoSError:
-    err = cls.__new__(cls, *args)  # not Exception.__new__: OSError (TimeoutError) has its own
+def _rebuild(cls: type[TFoSError], args: tuple[Any, ...], state: dict[str, Any]) -> TFoSError:
+    err: TFoSError = cls.__new__(cls, *args)  # not Exception.__new__: OSError (TimeoutError) has its own
     Exception.__init__(err, *args)
     err.__dict__.update(state)
     return err
@@ -97,7 +99,10 @@ class ReservationTimeout(ClusterError, TimeoutError):
 
 
 class NodeFailed(ClusterError):
-    """A TensorFlow node failed; ``role``/``index`` name it, ``traceback`` holds its last lines."""
+    """TensorFlow nodes failed; ``role``/``index`` name the first, ``traceback`` holds its last lines.
+
+    ``failures`` maps every failed node (``"worker:1"``) to its traceback tail (or how it ended).
+    """
 
     def __init__(
         self,
@@ -107,13 +112,20 @@ class NodeFailed(ClusterError):
         index: int = -1,
         exit_code: int | None = None,
         traceback: str = "",
+        failures: dict[str, str] | None = None,
     ) -> None:
-        text = f"{message}\n--- last output of {role}:{index} ---\n{traceback}" if traceback else message
+        first = f"{role}:{index}"
+        failures = dict(failures) if failures else ({first: traceback} if traceback else {})
+        text = message
+        for name, tail in failures.items():
+            if tail:
+                text += f"\n--- last output of {name} ---\n{tail}"
         super().__init__(text)
         self.role = role
         self.index = index
         self.exit_code = exit_code
         self.traceback = traceback
+        self.failures = failures
 
 
 class ShutdownTimeout(ClusterError, TimeoutError):

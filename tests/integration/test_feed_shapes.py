@@ -233,7 +233,6 @@ def _read_tally(directory, case) -> tuple[int, float]:
 
 
 def test_training_on_every_row_shape_reads_each_row_once(sc, spark, tmp_path, no_leftovers):
-    from tfonspark.driver.feeding import close_feeds
 
     cases = {**rdd_cases(sc), **df_cases(spark)}
     qnames = {name: f"case{i}" for i, name in enumerate(cases)}
@@ -254,14 +253,14 @@ def test_training_on_every_row_shape_reads_each_row_once(sc, spark, tmp_path, no
             fed = within(
                 120, f"train on {name}", lambda d=data, e=epochs, q=q: cluster.train(d, e, feed_timeout=60, qname=q), sc
             )
-            close_feeds(cluster, (q,))  # what shutdown() does for the "input" queue
+            cluster.feeds.close((q,))  # what shutdown() does for the "input" queue
             wait_until(lambda q=q: len(list(tmp_path.glob(f"{q}-node*.json"))) == 2, 60)
             read = _read_tally(tmp_path, q)
             want = (epochs * len(rows), epochs * sum(leaf_sum(r) for r in rows))
             if fed != want[0] or read != (want[0], pytest.approx(want[1])):
                 wrong.append(f"{name}: fed {fed}, nodes read {read}, expected {want}")
     finally:
-        close_feeds(cluster, tuple(qnames.values()))  # every queue, so map_fun ends either way
+        cluster.feeds.close(tuple(qnames.values()))  # every queue, so map_fun ends either way
         cluster.shutdown(timeout=120)
     assert not wrong, "\n".join(wrong)
 

@@ -7,22 +7,15 @@ from types import SimpleNamespace
 from tfonspark.config import InputMode, NodeConfig
 from tfonspark.driver.cluster import Cluster
 from tfonspark.errors import FeedTimeout
+from tfonspark.testing import FakeSparkContext
 from tfonspark.wire import messages as m
 
 
-class FakeContext:
-    def __init__(self) -> None:
-        self.cancelled: list[str] = []
-
-    def cancelJobGroup(self, group: str) -> None:  # noqa: N802 - SparkContext's name
-        self.cancelled.append(group)
-
-
-def _cluster() -> tuple[Cluster, FakeContext]:
-    sc = FakeContext()
+def _cluster() -> tuple[Cluster, FakeSparkContext]:
+    sc = FakeSparkContext()
     config = NodeConfig(cluster_id="c" * 32, driver_host="127.0.0.1", driver_port=1, secret_hex="ab" * 32)
     cluster = Cluster(sc, [], None, config, InputMode.SPARK)  # type: ignore[arg-type]
-    cluster.feed_groups = {"tfonspark-feed-1"}
+    cluster.feeds.groups = {"tfonspark-feed-1"}
     return cluster, sc
 
 
@@ -37,20 +30,20 @@ def stalled(feed_id: str, train: bool = True) -> m.NodeEvent:
 
 def test_a_stalled_feed_of_the_running_train_cancels_it_with_a_clear_error():
     cluster, sc = _cluster()
-    cluster.feeding = "feed-now"
+    cluster.feeds.running = "feed-now"
     cluster._on_event(NODE, stalled("feed-now"))
     assert sc.cancelled == ["tfonspark-feed-1"]
-    (error,) = cluster.feed_errors
+    (error,) = cluster.feeds.errors
     assert isinstance(error, FeedTimeout)
     assert "partition 3" in str(error) and "worker:1" in str(error) and "feed_timeout=4s" in str(error)
 
 
 def test_a_late_report_about_an_earlier_feed_cancels_nothing():
     cluster, sc = _cluster()
-    cluster.feeding = "feed-now"
+    cluster.feeds.running = "feed-now"
     cluster._on_event(NODE, stalled("feed-before"))
     cluster._on_event(NODE, stalled("feed-now", train=False))  # inference: the job is the user's
-    assert sc.cancelled == [] and cluster.feed_errors == []
+    assert sc.cancelled == [] and cluster.feeds.errors == []
 
 
 def test_other_events_are_only_logged(caplog):

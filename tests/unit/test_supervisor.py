@@ -22,6 +22,7 @@ import pytest
 
 from tfonspark.config import InputMode, NodeConfig
 from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
+from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess import entry
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
@@ -333,81 +334,12 @@ def test_a_dead_supervisor_makes_the_tf_process_remove_its_socket(monkeypatch, r
 # ---- supervisor + TF process against a fake driver -------------------------------------------------
 
 
-class FakeDriver:
-    """Accepts one supervisor, sends it the cluster, records what it says; may send heartbeats."""
-
-    def __init__(self, heartbeat_secs: float = 0.0) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(1)
-        self.port = self.sock.getsockname()[1]
-        self.heartbeat_secs = heartbeat_secs
-        self.received: list[m.Message] = []
-        self.closed = threading.Event()
-        self.conn: f.Connection | None = None
-        self._cond = threading.Condition()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        sock, _ = self.sock.accept()
-        conn = self.conn = f.server_handshake(sock, bytes.fromhex(SECRET_HEX))
-        try:
-            reg = m.recv_message(conn, m.Register)
-            assert isinstance(reg, m.Register)
-            self._record(reg)
-            m.send_message(conn, m.ClusterReady("worker", 0, {"worker": [f"{reg.host}:{reg.port}"]}))
-            if self.heartbeat_secs:
-                threading.Thread(target=self._beat, args=(conn,), daemon=True).start()
-            while True:
-                self._record(m.recv_message(conn))
-        except (OSError, Exception):
-            pass
-        finally:
-            self.closed.set()
-            with self._cond:
-                self._cond.notify_all()
-
-    def _beat(self, conn: f.Connection) -> None:
-        while not self.closed.wait(self.heartbeat_secs):
-            try:
-                m.send_message(conn, m.Heartbeat())
-            except OSError:
-                return
-
-    def _record(self, msg: m.Message) -> None:
-        with self._cond:
-            self.received.append(msg)
-            self._cond.notify_all()
-
-    def wait_for(self, kind: type, timeout: float = 60) -> m.Message:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for msg in self.received:
-                    if isinstance(msg, kind):
-                        return msg
-                left = deadline - time.monotonic()
-                assert left > 0 and not self.closed.is_set() or any(isinstance(x, kind) for x in self.received), (
-                    f"no {kind.__name__} (received {self.received})"
-                )
-                self._cond.wait(min(left, 0.5))
-
-    def of(self, kind: type) -> list:
-        with self._cond:
-            return [x for x in self.received if isinstance(x, kind)]
-
-    def close(self) -> None:
-        self.sock.close()
-        if self.conn is not None:
-            self.conn.close()
-
-
 @pytest.fixture
 def driver():
     made: list[FakeDriver] = []
 
     def make(**kwargs) -> FakeDriver:
-        made.append(FakeDriver(**kwargs))
+        made.append(FakeDriver(SECRET_HEX, **kwargs))
         return made[-1]
 
     yield make
@@ -583,3 +515,40 @@ def test_the_tf_process_temp_files_go_with_it(driver, tmp_path):
     assert os.path.basename(seen["tmp"]).startswith("tfos-node-")
     assert seen["file"].startswith(seen["tmp"] + os.sep)
     assert not os.path.exists(seen["tmp"])
+
+
+def test_the_tf_process_gets_its_tf_config_and_collective(driver, tmp_path):
+    """TF_CONFIG is written beside its reader (distribute/tf_config.py); the resolved collective
+    reaches tfonspark.distribute.strategy() through TFONSPARK_COLLECTIVE."""
+    fake = driver(heartbeat_secs=0.2)
+    config = _config(driver_port=fake.port, heartbeat_secs=0.2, collective="ring")
+
+    def map_fun(args, ctx):
+        import json
+        import os
+
+        with open(args, "w") as out:
+            json.dump({name: os.environ.get(name) for name in ("TF_CONFIG", "TFONSPARK_COLLECTIVE")}, out)
+
+    sup = Supervisor(config, 0, [], _payload(map_fun, str(tmp_path / "env")))
+    assert sup.run() == 0
+    seen = json.loads((tmp_path / "env").read_text())
+    assert seen["TFONSPARK_COLLECTIVE"] == "ring"
+    from tfonspark.distribute.tf_config import task_info
+
+    info = task_info(seen["TF_CONFIG"])
+    assert (info.task_type, info.task_id) == ("worker", 0) and info.num_workers == 1
+
+
+def test_a_bad_node_setting_fails_the_node_before_it_registers(driver, monkeypatch):
+    fake = driver()
+    monkeypatch.setenv("TENSORBOARD_PORT", "http")  # the node's own variable: read where the driver had the default
+    proc = _spawn_supervisor(_config(driver_port=fake.port), b"")
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.wait(timeout=60)
+    status = [json.loads(line[len(STATUS_PREFIX) :]) for line in out.decode().splitlines()]
+    assert proc.returncode == 1 and status[-1]["event"] == "failed"
+    assert "TENSORBOARD_PORT must be an integer port" in status[-1]["reason"]
+    assert "(from the node's environment)" in status[-1]["reason"]
+    assert fake.of(m.Register) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -10,9 +11,11 @@ from typing import Any
 
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
-from ..executor.node import node_task, start_node
+from ..executor.feeder import FeedTarget
 from ..wire import messages as m
-from .jobs import BackgroundJob
+from ..wire.errors import reraise, summary
+from .feeding import Feeds
+from .launcher import Launcher, LaunchHandle, LocalLauncher, SparkLauncher
 from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
 from .reports import Report, ReportLog
@@ -20,17 +23,17 @@ from .reports import Report, ReportLog
 __all__ = ["SPARK_SETTINGS", "Cluster"]
 
 log = logging.getLogger(__name__)
+_TAIL_LINES = 40
+_SETTLE_SECS = 1.0  # how long other nodes get to report their own failure
 SPARK_SETTINGS = (
     "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
 )
 
 
-def _describe_exit(node: NodeState) -> NodeFailed:
-    """The error the driver raises for a failed node, naming its role, index and output tail."""
-    role = node.role
-    where = f"TensorFlow node {role.name} (executor {role.executor_id})"
+def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
+    """How one node failed (``"was killed by signal 9 (SIGKILL)"``), its exit code and output tail."""
     if node.lost:
-        return NodeFailed(f"{where} was lost: {node.lost}", role=role.job_name, index=role.task_index)
+        return f"was lost: {node.lost}", None, ""
     assert node.exit is not None
     code = node.exit.exit_code
     if code < 0:
@@ -41,17 +44,41 @@ def _describe_exit(node: NodeState) -> NodeFailed:
     else:
         how = f"failed with exit code {code}"
     tail = node.exit.traceback.strip() or node.exit.output_tail.strip()
+    return how, code, "\n".join(tail.splitlines()[-_TAIL_LINES:])
+
+
+def node_failed(failed: list[NodeState]) -> NodeFailed:
+    """The error the driver raises for failed nodes: every one by role, index and output tail.
+
+    ``role``/``index``/``exit_code``/``traceback`` describe the first failure (a node that exited
+    before one that was lost, then by executor id); ``failures`` holds all of them.
+    """
+    ordered = sorted(failed, key=lambda n: (n.exit is None, n.role.executor_id))
+    described = [(n, *_describe_exit(n)) for n in ordered]
+    first, how, code, tail = described[0]
+    where = f"TensorFlow node {first.role.name} (executor {first.role.executor_id})"
+    message = f"{where} {how}"
+    if len(described) > 1:
+        others = "; ".join(f"{n.role.name} {h}" for n, h, _, _ in described[1:])
+        message += f" (and {len(described) - 1} more: {others})"
+    failures = {n.role.name: t or h for n, h, _, t in described}
     return NodeFailed(
-        f"{where} {how}",
-        role=role.job_name,
-        index=role.task_index,
+        message,
+        role=first.role.job_name,
+        index=first.role.task_index,
         exit_code=code,
-        traceback="\n".join(tail.splitlines()[-40:]),
+        traceback=tail,
+        failures=failures,
     )
 
 
 class Cluster:
-    """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``)."""
+    """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``).
+
+    It owns the rendezvous server (who the nodes are, how they are doing), the feed jobs
+    (:class:`~tfonspark.driver.feeding.Feeds`), the node reports and the :class:`Launcher`
+    that started the node supervisors.
+    """
 
     def __init__(
         self,
@@ -61,6 +88,7 @@ class Cluster:
         config: NodeConfig,
         input_mode: InputMode,
         reports: ReportLog | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.sc = sc
         self.roles = roles
@@ -69,21 +97,33 @@ class Cluster:
         self.input_mode = input_mode
         self.cluster_id = config.cluster_id
         self.cluster_info: list[dict[str, Any]] = []
-        self.launcher: BackgroundJob | None = None
-        self.driver_nodes: list[threading.Thread] = []
-        self.feed_groups: set[str] = set()
-        self.feed_errors: list[FeedTimeout] = []  # stalled feeds the nodes reported
-        self.feeding = ""  # feed_id of the running train(), if any
+        self.launcher = launcher or SparkLauncher(sc, barrier=False)
+        self.launches: list[LaunchHandle] = []
+        self.feeds = Feeds(sc, config.secret_hex, self)
         self.report_log = reports or ReportLog()
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
+
+    # ---- what the feed jobs see of the nodes (feeding.FeedNodes) ---------------------------
+    def targets(self) -> list[FeedTarget]:
+        """The data nodes that take data now."""
+        out = []
+        for node in self.server.nodes.values():
+            up = node.up
+            if node.role.job_name in DATA_ROLES and up is not None and up.data_port and not node.finished:
+                out.append(FeedTarget(node.role.name, node.executor_key, up.data_host, up.data_port, up.data_path))
+        return out
+
+    def all_done(self) -> bool:
+        """True once no data node takes data any more (each terminated its feed or exited cleanly)."""
+        return all(n.finished for n in self.server.nodes.values() if n.role.job_name in DATA_ROLES)
 
     # ---- failure handling ------------------------------------------------------------------
     def _watch(self) -> None:
         """Follow node events; on a node failure or a stalled feed, cancel the feed jobs at once."""
         seen = 0
         while True:
-            self.server.wait_for(lambda nodes, seen=seen: self._closed or len(self.server.events) > seen, None)
+            self.server.wait_for(functools.partial(self._new_events, seen), None)
             events = self.server.events_since(seen)
             seen += len(events)
             for node, event in events:
@@ -91,16 +131,20 @@ class Cluster:
             if self.server.failures() or self._closed or self.server.closed:
                 break
         if self.server.failures():
-            self._cancel_feeds()
+            self.feeds.cancel()
+
+    def _new_events(self, seen: int, nodes: Iterable[NodeState]) -> bool:
+        return self._closed or len(self.server.events) > seen
 
     def _on_event(self, node: NodeState, event: m.NodeEvent) -> None:
         if event.kind == "report" and isinstance(event.detail, dict):
             self.report_log.add(node.role.job_name, node.role.task_index, event.detail)
-            return
-        if event.kind != "feed_stalled":
+        elif event.kind == "feed_stalled":
+            self._on_stall(node, event.detail)
+        else:
             log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
-            return
-        detail = event.detail
+
+    def _on_stall(self, node: NodeState, detail: dict[str, Any]) -> None:
         error = FeedTimeout(
             f"partition {detail.get('partition')}: its feeder sent nothing to node {node.role.name} "
             f"for feed_timeout={float(detail.get('timeout', 0)):.0f}s after {detail.get('received', 0)} "
@@ -108,26 +152,22 @@ class Cluster:
             "computing a partition's rows can take longer."
         )
         log.warning("%s", error)
-        # only the running train() is cancelled: a late report about an earlier feed is logged
-        if detail.get("train", True) and detail.get("feed_id", "") in ("", self.feeding):
-            self.feed_errors.append(error)
-            self._cancel_feeds()
-
-    def _cancel_feeds(self) -> None:
-        for group in list(self.feed_groups):
-            self.sc.cancelJobGroup(group)
+        self.feeds.stalled(str(detail.get("feed_id", "")), bool(detail.get("train", True)), error)
 
     def check(self) -> None:
-        """Raise NodeFailed (after tearing the cluster down) if any node has failed."""
+        """Raise NodeFailed (after tearing the cluster down) naming every node that has failed."""
         failed = self.server.failures()
         if failed:
-            first = min(failed, key=lambda n: (n.exit is None, n.role.executor_id))
+            # nodes often fail together (one bad input, a lost peer): give the others a moment to
+            # report, so the error names all of them and not only the fastest
+            if not self._closed:
+                self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
+            failed = self.server.failures() or failed
             self._teardown(grace_secs=0)
-            raise _describe_exit(first)
+            raise node_failed(failed)
 
     def _launch_error(self) -> BaseException | None:
-        job = self.launcher
-        return job.error if job is not None and job.done.is_set() else None
+        return next((h.error for h in self.launches if h.done.is_set() and h.error is not None), None)
 
     # ---- start-up --------------------------------------------------------------------------
     def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
@@ -136,8 +176,9 @@ class Cluster:
         error = self._launch_error()
         if error is not None and not predicate(self.server.nodes.values()):
             self._teardown(grace_secs=0)
+            reraise(error)
             raise NodeFailed(
-                f"the Spark job that starts the TensorFlow nodes failed before {what}: {_first_line(error)}"
+                f"the Spark job that starts the TensorFlow nodes failed before {what}: {summary(error)}"
             ) from error
         if not ok:
             registered = self.server.registered()
@@ -150,34 +191,19 @@ class Cluster:
                 required=len(self.roles),
             )
 
-    def _start(self, payload: bytes, use_barrier: bool) -> None:
+    def _start(self, payload: bytes) -> None:
         self._watcher.start()
-        for role in self.roles:
-            if role.on_driver:
-                t = threading.Thread(target=self._driver_node, args=(role, payload), daemon=True)
-                t.start()
-                self.driver_nodes.append(t)
-        spark_roles = [r.executor_id for r in self.roles if not r.on_driver]
-        rdd = self.sc.parallelize(spark_roles, len(spark_roles))
-        if use_barrier:
-            rdd = rdd.barrier()
-        task = node_task(self.config, payload)
-        self.launcher = BackgroundJob(
-            self.sc,
-            f"tfonspark nodes {self.cluster_id[:8]}",
-            lambda: rdd.mapPartitions(task).collect(),
-            self.server.notify,
-        )
+        on_driver = [r.executor_id for r in self.roles if r.on_driver]
+        if on_driver:  # driver-side ps nodes: supervisors started from here, waited for until they exit
+            self.launches.append(
+                LocalLauncher(wait_for_exit=True).launch(self.config, payload, on_driver, self.server.notify)
+            )
+        on_spark = [r.executor_id for r in self.roles if not r.on_driver]
+        self.launches.append(self.launcher.launch(self.config, payload, on_spark, self.server.notify))
         timeout = self.config.reservation_timeout
         self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
         self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
         self.cluster_info = [self._info(n) for n in self.server.nodes.values()]
-
-    def _driver_node(self, role: NodeRole, payload: bytes) -> None:
-        try:
-            start_node(self.config, role.executor_id, payload, [], wait_for_exit=True)
-        except Exception as exc:
-            log.error("driver-side node %s failed to start: %s", role.name, exc)
 
     @staticmethod
     def _info(node: NodeState) -> dict[str, Any]:
@@ -198,19 +224,15 @@ class Cluster:
 
         Returns the number of rows the nodes received (less than fed if a node terminated).
         """
-        from .feeding import train
-
         self._require_spark_mode("train")
         self.check()
-        return train(self, data, num_epochs, feed_timeout, qname)
+        return self.feeds.train(data, num_epochs, feed_timeout, qname, label=self.cluster_id[:8])
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
         """Feed ``data`` to the nodes and return one result per input row (RDD or DataFrame)."""
-        from .feeding import inference
-
         self._require_spark_mode("inference")
         self.check()
-        return inference(self, data, feed_timeout, qname, output_schema)
+        return self.feeds.inference(data, feed_timeout, qname, output_schema)
 
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
@@ -244,9 +266,7 @@ class Cluster:
         if ssc is not None:
             ssc.awaitTermination()
         if self.input_mode == InputMode.SPARK:
-            from .feeding import close_feeds
-
-            close_feeds(self)
+            self.feeds.close()
         trainers = lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES)  # noqa: E731
         done = self.server.wait_for(trainers, timeout if timeout and timeout > 0 else None)
         self.check()
@@ -270,18 +290,16 @@ class Cluster:
         for node in self.server.nodes.values():
             self.server.stop_node(node, grace_secs)
         self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes), grace_secs + 15)
-        self._cancel_feeds()
+        self.feeds.cancel()
         # a lost node's task may never return (its supervisor is frozen or its host gone):
         # then there is nothing to wait for, and the node job is cancelled at once
         lost = any(n.lost for n in self.server.nodes.values())
-        if self.launcher is not None and (lost or not self.launcher.join(10)):
-            self.launcher.cancel()
-            self.launcher.join(10)
+        for launch in self.launches:
+            if lost or not launch.join(10):
+                launch.cancel()
+                launch.join(10)
         self.server.close()
-        for t in self.driver_nodes:
-            t.join(5)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return next((line for line in text if "Error" in line or "Exception" in line), text[0] if text else repr(error))
+        # the watcher hands out the last reports and events before it ends: once shutdown()
+        # returns, every report a node made is in cluster.reports and has reached on_report
+        if self._watcher.is_alive() and threading.current_thread() is not self._watcher:
+            self._watcher.join(10)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .. import settings
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
 from ..executor.host import local_ip_towards
+from ..fs import default_fs
 from ..wire.framing import new_secret
 from .cluster import SPARK_SETTINGS, Cluster
 from .jobs import barrier_supported, wait_for_slots
+from .launcher import Launcher, SparkLauncher
 from .plan import CHIEF_ROLES, plan_roles
 from .rendezvous import RendezvousServer
 from .reports import Report, ReportLog
@@ -20,35 +22,9 @@ from .reports import Report, ReportLog
 __all__ = ["run"]
 
 
-def _int_env(name: str) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else 0
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer. Received: {value!r}") from None
-
-
-def _float_env(name: str) -> float:
-    value = os.environ.get(name, "")
-    try:
-        number = float(value) if value else 0.0
-    except ValueError:
-        number = -1.0
-    if number < 0 or number != number:
-        raise ConfigError(f"{name} must be a number of seconds > 0. Received: {value!r}")
-    return number
-
-
 def _driver_host(sc: Any) -> str:
     host = sc.getConf().get("spark.driver.host", None)
     return host or local_ip_towards("8.8.8.8")
-
-
-def _default_fs(sc: Any) -> str:
-    try:
-        return str(sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
-    except Exception:
-        return "file://"
 
 
 def run(
@@ -68,6 +44,14 @@ def run(
     release_port: bool = True,
     *,
     on_report: Callable[[Report], Any] | None = None,
+    launcher: Launcher | None = None,
+    server_host: str | None = None,
+    server_port: int | str | None = None,
+    feed_buffer_bytes: int | None = None,
+    tensorboard_port: int | None = None,
+    bind_host: str | None = None,
+    heartbeat_timeout: float | None = None,
+    collective: str | None = None,
 ) -> Cluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
 
@@ -75,6 +59,12 @@ def run(
     every node is up; raises ReservationTimeout if the executors cannot be reserved in time.
     ``on_report(report)`` is called on the driver for each ``ctx.report({...})`` a node makes
     (default: logged at INFO on the ``tfonspark.report`` logger; all are in ``cluster.reports``).
+    ``launcher`` starts the node supervisors (default: a Spark job, a barrier stage where
+    possible); ``tfonspark.testing.LocalLauncher`` starts them without Spark, for tests.
+
+    The keyword arguments from ``server_host`` on are the settings of :mod:`tfonspark.settings`
+    (README, "Settings"): each one left at ``None`` is read from the Spark conf key
+    ``spark.tfonspark.<camelCase name>``, else from its environment variable, else its default.
     """
     from pyspark import cloudpickle
 
@@ -82,12 +72,30 @@ def run(
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
     mode = InputMode(input_mode)
+    resolved = settings.resolve(
+        {
+            "server_host": server_host,
+            "server_port": server_port,
+            "feed_buffer_bytes": feed_buffer_bytes,
+            "tensorboard_port": tensorboard_port,
+            "bind_host": bind_host,
+            "heartbeat_timeout": heartbeat_timeout,
+            "collective": collective,
+        },
+        sc.getConf(),
+    )
     secret = new_secret()
     cluster_id = uuid.uuid4().hex
-    heartbeat_timeout = _float_env("TFONSPARK_HEARTBEAT_TIMEOUT") or 60.0
-    heartbeat_secs = min(5.0, heartbeat_timeout / 4)
+    heartbeat_secs = min(5.0, resolved.heartbeat_timeout / 4)
     server = RendezvousServer(
-        cluster_id, roles, secret, _driver_host(sc), heartbeat_secs=heartbeat_secs, heartbeat_timeout=heartbeat_timeout
+        cluster_id,
+        roles,
+        secret,
+        _driver_host(sc),
+        resolved.server_port,
+        bind_host=resolved.server_host or None,
+        heartbeat_secs=heartbeat_secs,
+        heartbeat_timeout=resolved.heartbeat_timeout,
     )
     config = NodeConfig(
         cluster_id=cluster_id,
@@ -99,17 +107,19 @@ def run(
         log_dir=log_dir,
         release_port=release_port,
         reservation_timeout=float(reservation_timeout),
-        default_fs=_default_fs(sc),
+        default_fs=default_fs(sc),
         chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-        tensorboard_port=_int_env("TENSORBOARD_PORT"),
-        feed_buffer_bytes=_int_env("TFOS_FEED_BUFFER_BYTES") or 64 * 1024 * 1024,
-        bind_host=os.environ.get("TFONSPARK_BIND_HOST", ""),
+        tensorboard_port=resolved.tensorboard_port,
+        feed_buffer_bytes=resolved.feed_buffer_bytes,
+        bind_host=resolved.bind_host,
         heartbeat_secs=heartbeat_secs,
-        heartbeat_timeout=heartbeat_timeout,
+        heartbeat_timeout=resolved.heartbeat_timeout,
+        collective=resolved.collective,
     )
-    cluster = Cluster(sc, roles, server, config, mode, reports=ReportLog(on_report))
+    use_barrier = launcher is None and barrier_supported(sc)
+    launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
+    cluster = Cluster(sc, roles, server, config, mode, reports=ReportLog(on_report), launcher=launcher)
     spark_nodes = sum(1 for r in roles if not r.on_driver)
-    use_barrier = barrier_supported(sc)
     try:
         if use_barrier:
             slots = wait_for_slots(sc, spark_nodes, float(reservation_timeout))
@@ -121,7 +131,8 @@ def run(
                     registered=slots,
                     required=spark_nodes,
                 )
-        cluster._start(cloudpickle.dumps((map_fun, tf_args)), use_barrier)
+        payload: bytes = cloudpickle.dumps((map_fun, tf_args))  # type: ignore[no-untyped-call]  # untyped in pyspark
+        cluster._start(payload)
     except BaseException:
         cluster._teardown(grace_secs=0)
         raise

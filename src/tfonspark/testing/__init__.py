@@ -1,5 +1,17 @@
-"""Reusable test helpers: real Spark masters for tests and demos."""
+"""Reusable test helpers: real Spark masters for tests and demos, and a cluster without Spark."""
 
+from .driver import FakeDriver
+from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher
 from .spark import SparkManager, StandaloneCluster, spark_conf, spark_home
 
-__all__ = ["SparkManager", "StandaloneCluster", "spark_conf", "spark_home"]
+__all__ = [
+    "FakeAccumulator",
+    "FakeDriver",
+    "FakeRDD",
+    "FakeSparkContext",
+    "LocalLauncher",
+    "SparkManager",
+    "StandaloneCluster",
+    "spark_conf",
+    "spark_home",
+]

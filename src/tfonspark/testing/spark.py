@@ -84,7 +84,7 @@ class StandaloneCluster:
         self.port = _free_port()
         self.ui_port = _free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
         self._dir = tempfile.mkdtemp(prefix="tfos-standalone-")
 
     def _spawn(self, name: str, *args: str) -> None:

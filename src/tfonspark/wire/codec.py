@@ -159,7 +159,8 @@ class Scratch:
             buf = self._buffers[key] = np.empty(need, np.uint8)
         out = buf[:need].view(first.dtype).reshape((len(values) * first.shape[0], *first.shape[1:]))
         np.concatenate(values, out=out)
-        return out.reshape((len(values), *first.shape))
+        shaped: np.ndarray = out.reshape((len(values), *first.shape))
+        return shaped
 
 
 _shape = operator.attrgetter("shape")
@@ -193,7 +194,7 @@ def _column(
 def _ragged(values: Sequence[Any], name: str | int, partition: int | None, first_row: int) -> InputError:
     """Locate the first value whose shape or type differs from the first row's."""
 
-    def shape(v: Any) -> tuple:
+    def shape(v: Any) -> tuple[Any, ...]:
         return tuple(np.shape(v)) if not isinstance(v, (str, bytes)) else ("str",)
 
     expected = shape(values[0])

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 from ..errors import AuthenticationError, ProtocolError
 
@@ -401,7 +401,9 @@ def client_handshake(
     return Connection(sock, _session_key(secret, server_nonce, client_nonce), True, max_frame, signed)
 
 
-def connect(address: Sequence, secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME) -> Connection:
+def connect(
+    address: Sequence[Any], secret: bytes, timeout: float = 10.0, max_frame: int = DEFAULT_MAX_FRAME
+) -> Connection:
     """Open an authenticated client connection to ``(host, port)``."""
     sock = socket.create_connection((address[0], int(address[1])), timeout=timeout)
     _no_delay(sock)

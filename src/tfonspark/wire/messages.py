@@ -129,7 +129,7 @@ class NodeEvent(Message):
     TYPE: ClassVar[str] = "node_event"
     executor_id: int
     kind: str
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

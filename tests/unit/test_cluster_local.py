@@ -1,0 +1,120 @@
+"""A cluster's lifecycle without Spark: the launcher is swapped for ``tfonspark.testing.LocalLauncher``.
+
+Everything but Spark is real: the rendezvous server, the node supervisors and the TF processes
+(which run ``map_fun`` without importing TensorFlow here), so these tests take seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import tfonspark
+from tfonspark.config import NodeConfig
+from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
+from tfonspark.testing import FakeSparkContext, LocalLauncher
+from tfonspark.wire.errors import CapturedError, encode
+
+
+def write_role(args: dict, ctx) -> None:
+    (Path(args["dir"]) / f"{ctx.job_name}-{ctx.task_index}").write_text(str(ctx.num_workers))
+
+
+def fail_on(args: dict, ctx) -> None:
+    """Fail together: each node waits (bounded) until every node has started, then raises."""
+    ready = Path(args["dir"])
+    (ready / str(ctx.task_index)).touch()
+    deadline = time.monotonic() + 60
+    while len(list(ready.iterdir())) < ctx.num_workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if f"{ctx.job_name}:{ctx.task_index}" in args["fail"]:
+        raise RuntimeError(f"boom on {ctx.job_name}:{ctx.task_index}")
+
+
+def serve_until_stopped(args: dict, ctx) -> None:
+    if ctx.job_name == "ps":
+        time.sleep(600)  # a ps node serves until shutdown() stops it
+
+
+def run(map_fun, args, n: int = 2, **kwargs) -> tfonspark.Cluster:
+    return tfonspark.run(
+        FakeSparkContext(), map_fun, args, n, reservation_timeout=60, launcher=LocalLauncher(), **kwargs
+    )
+
+
+def test_nodes_start_run_map_fun_and_shut_down(tmp_path):
+    cluster = run(write_role, {"dir": str(tmp_path)})
+    assert sorted((i["job_name"], i["task_index"]) for i in cluster.cluster_info) == [("worker", 0), ("worker", 1)]
+    cluster.shutdown(timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0", "worker-1"]
+    assert all(p.read_text() == "2" for p in tmp_path.iterdir())
+
+
+def test_every_failed_node_is_named_with_its_traceback(tmp_path):
+    with pytest.raises(NodeFailed) as info:  # at start-up or at shutdown, depending on timing
+        run(fail_on, {"fail": ["worker:0", "worker:1"], "dir": str(tmp_path)}).shutdown(timeout=60)
+    err = info.value
+    assert set(err.failures) == {"worker:0", "worker:1"}, str(err)
+    assert (err.role, err.index) == ("worker", 0)
+    assert "boom on worker:1" in err.failures["worker:1"] and "boom on worker:0" in err.traceback
+    assert "and 1 more: worker:1 failed with exit code" in str(err)
+
+
+def test_driver_side_ps_nodes_are_stopped_at_shutdown():
+    cluster = run(serve_until_stopped, {}, n=2, num_ps=1, driver_ps_nodes=True)
+    assert [(r.job_name, r.on_driver) for r in cluster.roles] == [("ps", True), ("worker", False)]
+    start = time.monotonic()
+    cluster.shutdown(grace_secs=1, timeout=60)
+    assert time.monotonic() - start < 30
+
+
+class _NoNodes:
+    """A launcher whose nodes never come: the reservation must time out, naming the settings."""
+
+    def launch(self, config: NodeConfig, payload: bytes, executor_ids: list[int], on_done):
+        return _Handle()
+
+
+class _Handle:
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.done = threading.Event()
+        self.error = error
+        if error is not None:
+            self.done.set()
+
+    def cancel(self) -> None:
+        self.done.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class _Failing:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def launch(self, config: NodeConfig, payload: bytes, executor_ids: list[int], on_done):
+        return _Handle(self.error)
+
+
+def test_nodes_that_never_register_time_out_the_reservation():
+    with pytest.raises(ReservationTimeout) as info:
+        tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=1, launcher=_NoNodes())
+    assert (info.value.registered, info.value.required) == (0, 2)
+    assert "reservation_timeout" in str(info.value)
+
+
+def test_a_typed_error_in_the_node_job_arrives_as_itself():
+    typed = ConfigError("bad GPU setting on executor 1")
+    launcher = _Failing(CapturedError(f"Traceback...\n{encode(typed)}\n\tat org.apache.spark"))
+    with pytest.raises(ConfigError, match="bad GPU setting on executor 1"):
+        tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=30, launcher=launcher)
+
+
+def test_an_untyped_error_in_the_node_job_is_summarised_in_one_line():
+    launcher = _Failing(RuntimeError("Job aborted.\n  File x\nOSError: [Errno 28] No space left on device\n"))
+    with pytest.raises(NodeFailed, match=r"failed before reservation: OSError: \[Errno 28\] No space left"):
+        tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=30, launcher=launcher)
