@@ -53,9 +53,9 @@ def _rebuild(cls: type[TFoSError], args: tuple[Any, ...], state: dict[str, Any])
     return err
 
 
-def from_message(cls: type[TFoSError], message: str) -> TFoSError:
-    """An instance of ``cls`` carrying only ``message`` (rebuilt from a remote traceback)."""
-    return _rebuild(cls, (message,), {})
+def restore(cls: type[TFoSError], message: str, attrs: dict[str, Any]) -> TFoSError:
+    """An instance of ``cls`` with exactly this message and these attributes (from another process)."""
+    return _rebuild(cls, (message,), attrs)
 
 
 class ConfigError(TFoSError, ValueError):

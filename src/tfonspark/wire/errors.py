@@ -63,7 +63,7 @@ def decode(text: str) -> errors.TFoSError | None:
             continue
         if isinstance(cls, type) and issubclass(cls, errors.TFoSError):
             attrs = data.get("attrs") if isinstance(data.get("attrs"), dict) else {}
-            return errors._rebuild(cls, (str(data.get("message", "")),), attrs)
+            return errors.restore(cls, str(data.get("message", "")), attrs)
     return None
 
 
