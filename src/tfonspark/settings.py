@@ -254,6 +254,16 @@ class Settings:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
 
+    def node_fields(self) -> dict[str, Any]:
+        """The settings a node needs, as ``NodeConfig`` keyword arguments (the server's stay here)."""
+        return {
+            "tensorboard_port": self.tensorboard_port,
+            "feed_buffer_bytes": self.feed_buffer_bytes,
+            "bind_host": self.bind_host,
+            "heartbeat_timeout": self.heartbeat_timeout,
+            "collective": self.collective,
+        }
+
 
 class _Conf(Protocol):
     """What :func:`resolve` needs of a ``SparkConf``."""

@@ -72,18 +72,16 @@ def run(
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
     mode = InputMode(input_mode)
-    resolved = settings.resolve(
-        {
-            "server_host": server_host,
-            "server_port": server_port,
-            "feed_buffer_bytes": feed_buffer_bytes,
-            "tensorboard_port": tensorboard_port,
-            "bind_host": bind_host,
-            "heartbeat_timeout": heartbeat_timeout,
-            "collective": collective,
-        },
-        sc.getConf(),
-    )
+    chosen = {
+        "server_host": server_host,
+        "server_port": server_port,
+        "feed_buffer_bytes": feed_buffer_bytes,
+        "tensorboard_port": tensorboard_port,
+        "bind_host": bind_host,
+        "heartbeat_timeout": heartbeat_timeout,
+        "collective": collective,
+    }
+    resolved = settings.resolve(chosen, sc.getConf())
     secret = new_secret()
     cluster_id = uuid.uuid4().hex
     heartbeat_secs = min(5.0, resolved.heartbeat_timeout / 4)
@@ -109,31 +107,30 @@ def run(
         reservation_timeout=float(reservation_timeout),
         default_fs=default_fs(sc),
         chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-        tensorboard_port=resolved.tensorboard_port,
-        feed_buffer_bytes=resolved.feed_buffer_bytes,
-        bind_host=resolved.bind_host,
         heartbeat_secs=heartbeat_secs,
-        heartbeat_timeout=resolved.heartbeat_timeout,
-        collective=resolved.collective,
+        **resolved.node_fields(),
     )
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
     cluster = Cluster(sc, roles, server, config, mode, reports=ReportLog(on_report), launcher=launcher)
-    spark_nodes = sum(1 for r in roles if not r.on_driver)
     try:
         if use_barrier:
-            slots = wait_for_slots(sc, spark_nodes, float(reservation_timeout))
-            if slots < spark_nodes:
-                raise ReservationTimeout(
-                    f"the cluster needs {spark_nodes} Spark task slots for its TensorFlow nodes but "
-                    f"only {slots} were available after {reservation_timeout}s; check {SPARK_SETTINGS} "
-                    "or lower num_executors.",
-                    registered=slots,
-                    required=spark_nodes,
-                )
+            _reserve_slots(sc, sum(1 for r in roles if not r.on_driver), float(reservation_timeout))
         payload: bytes = cloudpickle.dumps((map_fun, tf_args))  # type: ignore[no-untyped-call]  # untyped in pyspark
         cluster._start(payload)
     except BaseException:
         cluster._teardown(grace_secs=0)
         raise
     return cluster
+
+
+def _reserve_slots(sc: Any, needed: int, timeout: float) -> None:
+    """Barrier stages need every task slot at once: wait for them, or say which settings to change."""
+    slots = wait_for_slots(sc, needed, timeout)
+    if slots < needed:
+        raise ReservationTimeout(
+            f"the cluster needs {needed} Spark task slots for its TensorFlow nodes but only {slots} were "
+            f"available after {timeout}s; check {SPARK_SETTINGS} or lower num_executors.",
+            registered=slots,
+            required=needed,
+        )

@@ -40,6 +40,10 @@ class _StatusReader:
         self._pending = b""
         self.eof = False
 
+    def close(self) -> None:
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
     def events(self, deadline: float | None) -> Iterator[dict[str, Any]]:
         """Events until EOF, until the supervisor has exited, or until ``deadline``."""
         with selectors.DefaultSelector() as sel:
@@ -78,16 +82,8 @@ def _stop_supervisor(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=_REAP_SECS)
 
 
-def start_node(
-    config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str], wait_for_exit: bool
-) -> dict[str, Any]:
-    """Spawn a supervisor for ``executor_id``; return its last status event.
-
-    Start-up (registration, the cluster, the TF process coming up) is bounded by the driver's
-    two ``reservation_timeout`` waits plus a margin; past that the supervisor is stopped and
-    ClusterError raised. Waiting for the node's exit (``wait_for_exit``) is bounded by the
-    supervisor's life, which its heartbeat deadline on the driver connection bounds in turn.
-    """
+def _spawn_supervisor(config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str]) -> subprocess.Popen[bytes]:
+    """Start the supervisor process (its own session) and hand it its bootstrap on stdin."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -107,7 +103,21 @@ def start_node(
         write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id, "gpus": gpus}, payload)
         proc.stdin.close()
     except OSError:
-        pass  # it died at once: reported below from its exit code
+        pass  # it died at once: start_node reports that from its exit code
+    return proc
+
+
+def start_node(
+    config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str], wait_for_exit: bool
+) -> dict[str, Any]:
+    """Spawn a supervisor for ``executor_id``; return its last status event.
+
+    Start-up (registration, the cluster, the TF process coming up) is bounded by the driver's
+    two ``reservation_timeout`` waits plus a margin; past that the supervisor is stopped and
+    ClusterError raised. Waiting for the node's exit (``wait_for_exit``) is bounded by the
+    supervisor's life, which its heartbeat deadline on the driver connection bounds in turn.
+    """
+    proc = _spawn_supervisor(config, executor_id, payload, gpus)
     reader = _StatusReader(proc)
     startup_secs = 2 * config.reservation_timeout + 120
     last: dict[str, Any] = {"event": "none"}
@@ -134,7 +144,7 @@ def start_node(
                 f"executor {executor_id}: the node's supervisor exited without reporting (exit code {code})"
             )
     finally:
-        proc.stdout.close()
+        reader.close()
     if last["event"] == "exit":
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_REAP_SECS)  # reap it: it exits right after reporting
