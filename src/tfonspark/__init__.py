@@ -11,6 +11,7 @@ from . import TFCluster, TFNode, TFParallel, errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
+from .driver.reports import Report
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
 
@@ -21,6 +22,7 @@ __all__ = [
     "DataFeed",
     "InputMode",
     "NodeContext",
+    "Report",
     "TFCluster",
     "TFNode",
     "TFParallel",
