@@ -7,15 +7,22 @@ graphs). ``MultiWorkerMirroredStrategy`` and ``ParameterServerStrategy`` start t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .context import NodeContext
-
-__all__ = ["start_cluster_server"]
+__all__ = ["ServerNode", "start_cluster_server"]
 
 
-def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+class ServerNode(Protocol):
+    """What starting a server needs of a node (a :class:`~tfonspark.tfprocess.context.NodeContext`)."""
+
+    cluster_spec: dict[str, list[str]]
+    job_name: str
+    task_index: int
+
+    def release_port(self) -> None: ...
+
+
+def start_cluster_server(ctx: ServerNode, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
     """Start this node's ``tf.distribute.Server``; return ``(tf.train.ClusterSpec, server)``.
 
     The port reserved for the node is released first, so that the server can bind it. ps nodes
