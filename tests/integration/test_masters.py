@@ -54,7 +54,7 @@ def test_tfparallel_runs_independent_instances(sc, use_barrier):
 
 def test_tfparallel_rejects_more_instances_than_slots(sc):
     with pytest.raises(ConfigError, match="3 instances but the cluster has 2 task slots"):
-        TFParallel.run(sc, _instance, None, 3)
+        TFParallel.run(sc, _instance, None, 3, reservation_timeout=1)
 
 
 def test_local_mode_laptop(sc_local, tmp_path, no_leftovers):

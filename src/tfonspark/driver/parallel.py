@@ -14,23 +14,33 @@ from typing import Any
 from ..errors import ConfigError
 from ..fs import default_fs as fs_default
 from ..tfprocess.context import NodeContext
-from .jobs import task_slots
+from .jobs import wait_for_slots
 
 __all__ = ["run"]
 
 
 def run(
-    sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, use_barrier: bool = True
+    sc: Any,
+    map_fn: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    use_barrier: bool = True,
+    *,
+    reservation_timeout: float = 60,
 ) -> list[Any]:
-    """Run ``num_executors`` instances of ``map_fn`` in parallel; return their return values."""
+    """Run ``num_executors`` instances of ``map_fn`` in parallel; return their return values.
+
+    A fresh SparkContext's executors register over some seconds: the task slots are counted once
+    enough have registered, or after ``reservation_timeout`` seconds (as ``TFCluster.run`` waits).
+    """
     if not isinstance(num_executors, int) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive integer. Received: {num_executors!r}")
-    slots = task_slots(sc)
+    slots = wait_for_slots(sc, num_executors, reservation_timeout)
     if num_executors > slots:
         raise ConfigError(
             f"TFParallel.run asked for {num_executors} instances but the cluster has {slots} task "
-            "slots; lower num_executors or add executors (spark.executor.instances, "
-            "spark.executor.cores, spark.cores.max, or N in local[N])"
+            f"slots after waiting reservation_timeout={reservation_timeout:g}s; lower num_executors or add "
+            "executors (spark.executor.instances, spark.executor.cores, spark.cores.max, or N in local[N])"
         )
     default_fs = fs_default(sc)
 
