@@ -7,7 +7,7 @@ and shut down. TFoS programs keep working through ``from tfonspark import TFClus
 
 from __future__ import annotations
 
-from . import TFCluster, TFNode, TFParallel, errors
+from . import TFCluster, TFNode, TFParallel, compat, errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
@@ -27,6 +27,7 @@ __all__ = [
     "TFNode",
     "TFParallel",
     "__version__",
+    "compat",
     "errors",
     "feed_dataset",
     "hdfs_path",

@@ -12,7 +12,14 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-FACES = {"tfonspark.TFCluster", "tfonspark.TFNode", "tfonspark.TFParallel", "tfonspark.pipeline", "tfonspark.dfutil"}
+FACES = {
+    "tfonspark.compat",
+    "tfonspark.TFCluster",
+    "tfonspark.TFNode",
+    "tfonspark.TFParallel",
+    "tfonspark.pipeline",
+    "tfonspark.dfutil",
+}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,0 +1,55 @@
+"""TFoS-compatible face: ``from tfonspark import compat`` (TFoS's ``tensorflowonspark.compat``).
+
+TFoS programs call these helpers from ``main_fun``; they keep TFoS's meaning on TF 2.16+:
+
+- ``export_saved_model(model, export_dir, is_chief=False)``: every worker calls it (under
+  ``MultiWorkerMirroredStrategy`` saving runs collective ops); the chief writes ``export_dir``,
+  the others write a throwaway local directory that is removed. The export itself is tfonspark's
+  one export, :func:`tfonspark.distribute.checkpoint.export_saved_model`.
+- ``disable_auto_shard(options)``: turn off ``tf.data`` auto-sharding on a ``tf.data.Options``
+  (fed data is already split between the workers).
+- ``is_gpu_available()``: whether TensorFlow sees a GPU in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+__all__ = ["disable_auto_shard", "export_saved_model", "is_gpu_available"]
+
+
+def export_saved_model(model: Any, export_dir: str | os.PathLike[str], is_chief: bool = False) -> None:
+    """Export ``model`` as a SavedModel to ``export_dir`` on the chief; elsewhere to a throwaway dir.
+
+    A Keras model built under a distribution strategy decides who the chief is from the strategy
+    (``TF_CONFIG``), as TFoS programs expect ``is_chief`` to say anyway.
+    """
+    from .distribute.checkpoint import export_saved_model as export
+
+    if getattr(model, "_distribute_strategy", None) is not None:
+        export(model, export_dir)  # every worker saves, the strategy's chief keeps it
+    elif is_chief:
+        export(model, export_dir, is_chief=True)
+    else:
+        scratch = tempfile.mkdtemp(prefix="tfonspark-worker-model-")
+        try:
+            export(model, scratch, is_chief=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def disable_auto_shard(options: Any) -> None:
+    """Set ``options.experimental_distribute.auto_shard_policy`` to ``OFF`` (a ``tf.data.Options``)."""
+    import tensorflow as tf
+
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+
+
+def is_gpu_available() -> bool:
+    """True if TensorFlow in this process sees at least one GPU."""
+    import tensorflow as tf
+
+    return len(tf.config.list_logical_devices("GPU")) > 0
