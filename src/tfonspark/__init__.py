@@ -7,7 +7,7 @@ and shut down. TFoS programs keep working through ``from tfonspark import TFClus
 
 from __future__ import annotations
 
-from . import TFCluster, TFNode, TFParallel, compat, errors
+from . import TFCluster, TFManager, TFNode, TFParallel, compat, errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
@@ -24,6 +24,7 @@ __all__ = [
     "NodeContext",
     "Report",
     "TFCluster",
+    "TFManager",
     "TFNode",
     "TFParallel",
     "__version__",

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import FeedError, InputError
 from ..wire.codec import ColumnBatch, pack_rows
-from .feedserver import END_FEED, Stream, require_server
+from .feedserver import END_FEED, FeedServer, Stream
+from .localfeed import LocalFeeds
 
 __all__ = ["DataFeed", "feed_dataset"]
 
@@ -46,6 +47,17 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
     return ColumnBatch(columns, first.layout, first.names)
 
 
+def _feed_source(mgr: Any) -> FeedServer | LocalFeeds:
+    """The node's feed server (``ctx.mgr``), or a :class:`LocalFeeds` a test filled."""
+    if not isinstance(mgr, (FeedServer, LocalFeeds)):
+        raise FeedError(
+            "this node has no data feed: get_data_feed() needs a cluster started with "
+            "input_mode=InputMode.SPARK, on a chief/master/worker node (or, in a test, "
+            f"tfonspark.TFManager.start(...)). Received: ctx.mgr={type(mgr).__name__}"
+        )
+    return mgr
+
+
 class DataFeed:
     """Reads batches fed by ``Cluster.train``/``inference`` on this node.
 
@@ -64,7 +76,7 @@ class DataFeed:
         qname_out: str = "output",
         input_mapping: Mapping[str, str] | list[str] | None = None,
     ) -> None:
-        self.server = require_server(mgr)
+        self.server = _feed_source(mgr)
         self.train_mode = train_mode
         self.qname_in = qname_in
         self.qname_out = qname_out

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import FeedError, ProtocolError
+from ..errors import ProtocolError
 from ..settings import DEFAULT_FEED_BUFFER_BYTES
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
@@ -512,13 +512,3 @@ class FeedServer:
         for stream in streams:
             stream.conn.close()
         remove_unix_socket(self.unix_path)
-
-
-def require_server(mgr: Any) -> FeedServer:
-    if not isinstance(mgr, FeedServer):
-        raise FeedError(
-            "this node has no data feed: get_data_feed() needs a cluster started with "
-            "input_mode=InputMode.SPARK, on a chief/master/worker node. "
-            f"Received: ctx.mgr={type(mgr).__name__}"
-        )
-    return mgr
