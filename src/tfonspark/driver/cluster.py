@@ -177,9 +177,7 @@ class Cluster:
         if error is not None and not predicate(self.server.nodes.values()):
             self._teardown(grace_secs=0)
             reraise(error)
-            raise NodeFailed(
-                f"the Spark job that starts the TensorFlow nodes failed before {what}: {summary(error)}"
-            ) from error
+            raise NodeFailed(f"starting the TensorFlow nodes failed before {what}: {summary(error)}") from error
         if not ok:
             registered = self.server.registered()
             self._teardown(grace_secs=0)

@@ -86,7 +86,6 @@ class _LocalLaunch:
     ) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self.results: list[dict[str, Any]] = []
         self._on_done = on_done
         self._pending = len(executor_ids)
         self._lock = threading.Lock()
@@ -98,9 +97,7 @@ class _LocalLaunch:
 
     def _node(self, config: NodeConfig, executor_id: int, payload: bytes, wait_for_exit: bool) -> None:
         try:
-            result = start_node(config, executor_id, payload, [], wait_for_exit)
-            with self._lock:
-                self.results.append(result)
+            start_node(config, executor_id, payload, [], wait_for_exit)
         except BaseException as exc:  # reported to whoever waits on the launch
             with self._lock:
                 self.error = self.error or exc

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -78,8 +79,6 @@ def capture() -> Iterator[None]:
 
 def captured(fn: F) -> F:
     """Decorate a Spark task function (plain or generator) so its typed errors reach the driver."""
-    import inspect
-
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
