@@ -9,6 +9,12 @@ alternate within each repetition, and all of them read the same cached rows:
 - ``plain``: the Spark limits: ``rdd.foreachPartition`` iterating rows, ``df.mapInArrow``
   draining batches
 
+Rows are ``(float32 array, int)`` (``--row-types array``) or, as TFoS users' RDDs hold them,
+``(list of floats, int)`` (``list``: ``x.tolist()``, ``(vec[1:], vec[0])``) or ``(tuple of
+floats, int)`` (``tuple``); ``mnist-list`` is the MNIST shape as list rows. DataFrames and TFoS
+are measured on ``array`` rows only. Each RDD measurement is taken twice: ``1st pass``, one pass
+over the data right after a small warm-up job (a 2,000-row feed), and warm, as follows.
+
 The TF-side consumer is the same in both frameworks (drain batches, count rows), and the clock
 stops once the TF processes have *consumed* every row. tfonspark and plain Spark pass over the
 data ``--epochs`` times in one job (a union of the cached data, as ``train(num_epochs=...)``
@@ -20,6 +26,7 @@ tables.
 
     python benchmarks/feed.py                # defaults: about 10 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
+    python benchmarks/feed.py --variants rdd,plain --row-types list,tuple
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import functools
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +46,126 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 
 VARIANTS = ["tfos", "rdd", "df", "plain"]
+ROW_TYPES = ["array", "list", "tuple"]
 LABELS = {
     "tfos": "TFoS 2.2.5",
     "rdd": "tfonspark RDD",
     "df": "tfonspark DF",
     "plain-rdd": "Spark foreachPartition",
     "plain-arrow": "Spark mapInArrow drain",
+    "rdd-cold": "tfonspark RDD 1st pass",
+    "plain-rdd-cold": "Spark foreachPartition 1st pass",
 }
 #: (numerator, denominator, target) of the reported ratios
-RATIOS = [("rdd", "plain-rdd", 0.8), ("df", "plain-arrow", 0.8), ("rdd", "tfos", 10.0), ("df", "tfos", 10.0)]
+RATIOS = [
+    ("rdd", "plain-rdd", 0.8),
+    ("rdd-cold", "plain-rdd-cold", 0.8),
+    ("df", "plain-arrow", 0.8),
+    ("rdd", "tfos", 10.0),
+    ("df", "tfos", 10.0),
+]
 TIMEOUT = 900.0
 TFOS_WARM_ROWS = 5000
+#: rows of the small job that precedes a 1st-pass measurement
+COLD_WARM_ROWS = 2000
 NODES = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row shape and how its rows are held: ``array`` (numpy), ``list`` or ``tuple`` of floats."""
+
+    shape: c.Shape
+    row_type: str
+
+    @property
+    def name(self) -> str:
+        return self.shape.name if self.row_type == "array" else f"{self.shape.name}-{self.row_type}"
+
+
+def case_rows(case: Case, rows: int, partitions: int, index: int) -> Iterator[tuple[Any, int]]:
+    """Partition ``index`` of ``case``'s rows: the values of :func:`c.make_rdd`, held as asked."""
+    features, labels = c.partition_arrays(case.shape.width, rows, partitions, index)
+    if case.row_type == "array":
+        return zip(features, labels.tolist())
+    vectors = features.tolist()
+    return zip(map(tuple, vectors) if case.row_type == "tuple" else vectors, labels.tolist())
+
+
+def make_rdd(sc: Any, case: Case, rows: int, partitions: int) -> Any:
+    """An RDD of ``(features, int)`` rows of ``case``, generated on the executors."""
+    if case.row_type == "array":
+        return c.make_rdd(sc, case.shape, rows, partitions)
+    return sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(
+        lambda index, _: case_rows(case, rows, partitions, index)
+    )
+
+
+# ---- --pack: the packing alone, no Spark ----------------------------------------------------------
+PACK_REPS = 5
+PACK_PICKLE_BATCH = 100  # rows per pickled batch, about what PySpark's batched serializer makes
+
+
+def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
+    """A feed task's Python work on ``case``'s rows against ``foreachPartition``'s, without Spark.
+
+    Both unpickle batches of rows (as a PySpark worker does) and drop each row after use; the
+    feed task also packs them (``Feeder``'s own chunking into ``pack_rows``). CPU seconds, min
+    of ``PACK_REPS``; rows for :func:`c.markdown_table`.
+    """
+    import pickle
+
+    from tfonspark.executor.feeder import Feeder
+
+    out = []
+    for case in cases:
+        n = rows or case.shape.quick_rows * 4
+        data = list(case_rows(case, n, 1, 0))
+        blobs = [pickle.dumps(data[i : i + PACK_PICKLE_BATCH], 5) for i in range(0, n, PACK_PICKLE_BATCH)]
+        del data
+        counts = [b.count for b in Feeder._row_batches(0, _unpickled(blobs))]
+
+        def plain(blobs: list[bytes] = blobs) -> None:
+            for _ in _unpickled(blobs):
+                pass
+
+        def feed(blobs: list[bytes] = blobs) -> None:
+            for _ in Feeder._row_batches(0, _unpickled(blobs)):
+                pass
+
+        values = n * case.shape.width
+        cpu = {"plain": _min_cpu(plain), "feed": _min_cpu(feed)}
+        out.append(
+            [
+                case.name,
+                f"{n:,}",
+                f"{max(counts):,}",
+                f"{cpu['plain'] / n * 1e6:.2f}",
+                f"{cpu['feed'] / n * 1e6:.2f}",
+                f"{(cpu['feed'] - cpu['plain']) / values * 1e9:.1f}",
+                f"{cpu['plain'] / cpu['feed']:.2f}x",
+            ]
+        )
+        print(f"pack {case.name:<16} " + "  ".join(out[-1][1:]), flush=True)
+    return out
+
+
+def _unpickled(blobs: list[bytes]) -> Iterator[Any]:
+    """The rows of pickled batches, one batch unpickled at a time (as a PySpark worker reads)."""
+    import itertools
+    import pickle
+
+    return itertools.chain.from_iterable(map(pickle.loads, blobs))
+
+
+def _min_cpu(fn: Any) -> float:
+    """The least process CPU seconds of ``PACK_REPS`` calls of ``fn``."""
+    times = []
+    for _ in range(PACK_REPS):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return min(times)
 
 
 # ---- the TF-side consumers (identical work: drain, count) -----------------------------------------
@@ -103,6 +220,7 @@ class Run:
     def __init__(self, opts: argparse.Namespace, tfos: Any) -> None:
         self.opts = opts
         self.shapes = c.parse_shapes(opts.shapes)
+        self.cases = [Case(s, t) for s in self.shapes for t in parse_row_types(opts.row_types)]
         self.tfos = tfos
         self.results: dict[tuple[str, str], list[c.Sample]] = defaultdict(list)
         self.sc: Any = None
@@ -120,17 +238,19 @@ class Run:
         self.sc, self.spark = c.fresh_spark(reuse=self.opts.quick)
         return self.sc, self.spark
 
-    def datasets(self, variant: str, kind: str) -> dict[str, tuple[Any, int]]:
-        """Cached, materialised data per shape: ``kind`` is "rdd" or "df"."""
-        out = {}
-        for shape in self.shapes:
-            n = self.rows(shape, variant)
-            if kind == "rdd":
-                data = c.make_rdd(self.sc, shape, n, self.opts.partitions)
-            else:
-                data = c.make_dataframe(self.spark, shape, n, self.opts.partitions)
-            out[shape.name] = (c.cached(data, n), n)
-        return out
+    def dataset(self, case: Case, variant: str, kind: str) -> tuple[Any, int]:
+        """Cached, materialised data of ``case``: ``kind`` is "rdd" or "df" (unpersist it after:
+        list rows of every case at once would not fit the executors' storage memory)."""
+        n = self.rows(case.shape, variant)
+        if kind == "rdd":
+            data = make_rdd(self.sc, case, n, self.opts.partitions)
+        else:
+            data = c.make_dataframe(self.spark, case.shape, n, self.opts.partitions)
+        return c.cached(data, n), n
+
+    def cases_for(self, kind: str) -> list[Case]:
+        """The cases a kind of data exists for: DataFrames (and TFoS) have array rows only."""
+        return [case for case in self.cases if kind == "rdd" or case.row_type == "array"]
 
     def record(self, measure: str, shape: str, rows: int, sample: c.Sample) -> None:
         """Keep and print one measurement."""
@@ -156,43 +276,56 @@ def run_tfonspark(run: Run, variant: str) -> None:
     import tfonspark
 
     run.start_spark()
-    data = run.datasets(variant, variant)
-    for shape in run.shapes:
-        frame, n = data[shape.name]
+    for case in run.cases_for(variant):
+        frame, n = run.dataset(case, variant, variant)
         counters = c.Counters()
         args = {"dir": counters.dir, "batch": run.opts.batch}
-        with c.quiet_stage(f"{variant} {shape.name}: cluster start"):
+        with c.quiet_stage(f"{variant} {case.name}: cluster start"):
             cluster = tfonspark.run(
                 run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
             )
         try:
-            sample = _time_tfonspark(cluster, counters, frame, n, run.opts)
-            run.record(variant, shape.name, n * run.opts.epochs, sample)
+            feed = _Feed(cluster, counters, run.opts)
+            if variant == "rdd":
+                with c.quiet_stage(f"rdd {case.name}: small warm-up job"):
+                    feed(make_rdd(run.sc, case, COLD_WARM_ROWS, NODES), COLD_WARM_ROWS, 1)
+                meter = c.Meter()
+                run.record("rdd-cold", case.name, n, meter.stop(at=feed(frame, n, 1)))
+            sample = _time_tfonspark(feed, frame, n)
+            run.record(variant, case.name, n * run.opts.epochs, sample)
         finally:
             counters.release()
             cluster.shutdown(timeout=120)  # a no-op after a successful run
+            frame.unpersist()
 
 
-def _time_tfonspark(cluster: Any, counters: c.Counters, data: Any, n: int, opts: argparse.Namespace) -> c.Sample:
+class _Feed:
+    """``train`` jobs on one cluster, counting the rows fed so far."""
+
+    def __init__(self, cluster: Any, counters: c.Counters, opts: argparse.Namespace) -> None:
+        self.cluster, self.counters, self.opts = cluster, counters, opts
+        self.fed = 0
+
+    def __call__(self, data: Any, n: int, epochs: int) -> float:
+        """Feed ``epochs`` passes over ``data``; the ``perf_counter`` time the consumers had
+        read all of it but a partial batch per node (which waits for the feed to close)."""
+        _check(self.cluster.train(data, num_epochs=epochs, feed_timeout=TIMEOUT), n * epochs)
+        self.fed += n * epochs
+        return self.counters.wait_for(self.fed - NODES * (self.opts.batch - 1), TIMEOUT)
+
+
+def _time_tfonspark(feed: _Feed, data: Any, n: int) -> c.Sample:
     """``--warmup`` seconds of untimed jobs, then the same job timed: ``train`` of ``--epochs``
     passes + closing the feed until every row was consumed."""
-    train = functools.partial(cluster.train, num_epochs=opts.epochs, feed_timeout=TIMEOUT)
-    fed = n * opts.epochs
-    jobs = 0
-
-    def job() -> None:
-        nonlocal jobs
-        _check(train(data), fed)
-        jobs += 1
-        counters.wait_for(jobs * fed - NODES * (opts.batch - 1), TIMEOUT)  # all but a partial batch per node
-
+    opts, cluster, counters = feed.opts, feed.cluster, feed.counters
     with c.quiet_stage("warm-up jobs"):
-        c.warm_up(job, opts.warmup)
+        c.warm_up(lambda: feed(data, n, opts.epochs), opts.warmup)
+    fed = n * opts.epochs
     meter = c.Meter()
-    _check(train(data), fed)
+    _check(cluster.train(data, num_epochs=opts.epochs, feed_timeout=TIMEOUT), fed)
     returned = time.perf_counter() - meter.start
     closing = c.in_background(functools.partial(cluster.shutdown, timeout=TIMEOUT))
-    sample = meter.stop(at=counters.wait_for((jobs + 1) * fed, TIMEOUT))
+    sample = meter.stop(at=counters.wait_for(feed.fed + fed, TIMEOUT))
     print(
         f"# train() returned after {returned:.2f}s, all rows consumed after {sample.seconds:.2f}s",
         file=sys.stderr,
@@ -211,7 +344,6 @@ def run_tfos(run: Run) -> None:
     a small feed: a full pass would double its long run time, and its cost per row is Python.
     """
     run.start_spark()
-    data = run.datasets("tfos", "rdd")
     counters = c.Counters()
     args = {"dir": counters.dir, "batch": run.opts.batch}
     with c.quiet_stage("tfos: cluster start"):
@@ -221,16 +353,17 @@ def run_tfos(run: Run) -> None:
     train = functools.partial(cluster.train, num_epochs=1, feed_timeout=TIMEOUT)
     fed = 0
     try:
-        for shape in run.shapes:
-            rdd, n = data[shape.name]
+        for case in run.cases_for("df"):
+            rdd, n = run.dataset(case, "tfos", "rdd")
             with c.quiet_stage("tfos: warm-up"):
-                train(c.make_rdd(run.sc, shape, TFOS_WARM_ROWS, NODES))
+                train(make_rdd(run.sc, case, TFOS_WARM_ROWS, NODES))
                 fed += TFOS_WARM_ROWS
                 counters.wait_for(fed - NODES * (run.opts.batch - 1), TIMEOUT)
             meter = c.Meter()
             train(rdd)
-            run.record("tfos", shape.name, n, meter.stop())
+            run.record("tfos", case.name, n, meter.stop())
             fed += n
+            rdd.unpersist()
     finally:
         with c.quiet_stage("tfos: shutdown"):
             c.stop_tfos(cluster)
@@ -240,21 +373,27 @@ def run_tfos(run: Run) -> None:
 def run_plain(run: Run) -> None:
     """Plain Spark over the same cached RDD and DataFrame: the ceiling for each tfonspark path."""
     run.start_spark()
-    rdds = run.datasets("plain", "rdd")
-    frames = run.datasets("plain", "df")
-    for shape in run.shapes:
-        for measure, action, (data, n) in (
-            ("plain-rdd", functools.partial(plain_rdd, run.sc), rdds[shape.name]),
-            ("plain-arrow", plain_arrow, frames[shape.name]),
-        ):
-            with c.quiet_stage(f"{measure} {shape.name}: warm-up jobs"):
+    for case in run.cases:
+        kinds = [("plain-rdd", functools.partial(plain_rdd, run.sc), "rdd")]
+        if case.row_type == "array":
+            kinds.append(("plain-arrow", plain_arrow, "df"))
+        for measure, action, kind in kinds:
+            data, n = run.dataset(case, "plain", kind)
+            if measure == "plain-rdd":
+                with c.quiet_stage(f"plain-rdd {case.name}: small warm-up job"):
+                    _check(action(make_rdd(run.sc, case, COLD_WARM_ROWS, NODES)), COLD_WARM_ROWS)
+                meter = c.Meter()
+                _check(action(data), n)
+                run.record("plain-rdd-cold", case.name, n, meter.stop())
+            with c.quiet_stage(f"{measure} {case.name}: warm-up jobs"):
                 c.warm_up(
                     lambda: _check(action(data, run.opts.epochs), n * run.opts.epochs),  # noqa: B023
                     run.opts.warmup,
                 )
             meter = c.Meter()
             _check(action(data, run.opts.epochs), n * run.opts.epochs)
-            run.record(measure, shape.name, n * run.opts.epochs, meter.stop())
+            run.record(measure, case.name, n * run.opts.epochs, meter.stop())
+            data.unpersist()
 
 
 def _check(seen: int, expected: int) -> None:
@@ -268,10 +407,10 @@ def report(run: Run, measures: list[str]) -> str:
     """Two Markdown tables: median rows/s with ratios, and median CPU us per row."""
     rate_rows, cpu_rows = [], []
     ratio_names = [f"{LABELS[a].replace('tfonspark ', '')} / {LABELS[b].replace('Spark ', '')}" for a, b, _ in RATIOS]
-    for shape in run.shapes:
-        rate = {m: run.median(m, shape.name, "rate") for m in LABELS}
-        cpu = {m: run.median(m, shape.name, "cpu") for m in LABELS}
-        head = [shape.name, f"{run.rows(shape, 'rdd'):,}"]
+    for case in run.cases:
+        rate = {m: run.median(m, case.name, "rate") for m in LABELS}
+        cpu = {m: run.median(m, case.name, "cpu") for m in LABELS}
+        head = [case.name, f"{run.rows(case.shape, 'rdd'):,}"]
         rate_rows.append(
             head + [c.fmt_rate(rate[m]) for m in measures] + [c.fmt_ratio(rate[a], rate[b]) for a, b, _ in RATIOS]
         )
@@ -291,18 +430,27 @@ def report(run: Run, measures: list[str]) -> str:
 def targets(run: Run) -> list[str]:
     """The issue's targets on the median rows/s, each as MET / MISSED / not measured."""
     out = []
-    for shape in run.shapes:
+    for case in run.cases:
         for a, b, goal in RATIOS:
-            if b == "tfos" and shape.name != "tabular":
+            if (b == "tfos" and case.name != "tabular") or (b == "plain-arrow" and case.row_type != "array"):
                 continue
-            num, den = run.median(a, shape.name, "rate"), run.median(b, shape.name, "rate")
-            name = f"{shape.name}: {LABELS[a]} >= {goal:g}x {LABELS[b]}"
+            num, den = run.median(a, case.name, "rate"), run.median(b, case.name, "rate")
+            name = f"{case.name}: {LABELS[a]} >= {goal:g}x {LABELS[b]}"
             out.append(
                 f"- {name}: not measured"
                 if num is None or den is None
                 else f"- {name}: {num / den:.2f}x {'MET' if num / den >= goal else 'MISSED'}"
             )
     return out
+
+
+def parse_row_types(text: str) -> list[str]:
+    """``"array,list"`` -> row types, rejecting unknown names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROW_TYPES]
+    if unknown or not names:
+        raise SystemExit(f"--row-types: unknown {unknown}; choose from {ROW_TYPES}")
+    return names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -317,6 +465,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "TFoS is slow and its rows/s does not depend on the row count",
     )
     p.add_argument("--shapes", default="mnist,tabular", help="comma list of: mnist, tabular")
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="measure only the row packing of the feed task (pack_rows) against pickle.loads of "
+        "the same rows, in this process, without Spark; --rows sets the rows (default 4x quick)",
+    )
+    p.add_argument(
+        "--row-types",
+        default="array,list",
+        help=f"comma list of how RDD rows hold their features: {', '.join(ROW_TYPES)} (default array,list)",
+    )
     p.add_argument(
         "--epochs",
         type=int,
@@ -334,11 +493,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--reps`` times, alternating, then print the tables."""
     opts = parse_args(argv)
+    if opts.pack:
+        cases = [Case(s, t) for s in c.parse_shapes(opts.shapes) for t in parse_row_types(opts.row_types)]
+        print(f"# a feed task's Python work vs foreachPartition's (CPU, min of {PACK_REPS}; no Spark)", flush=True)
+        header = [
+            "shape",
+            "rows",
+            "rows/batch",
+            "unpickle+drop us/row",
+            "unpickle+pack+drop us/row",
+            "packing ns/value",
+            "plain / feed",
+        ]
+        print(f"\n{c.markdown_table(header, pack_bench(cases, opts.rows))}")
+        return 0
     variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
     print(
-        f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, variants={variants}, reps={opts.reps}, "
+        f"# feed benchmark: {c.MASTER}, shapes={opts.shapes}, row types={opts.row_types}, "
+        f"variants={variants}, reps={opts.reps}, "
         f"epochs={opts.epochs}, "
         f"load {c.load_average()}",
         flush=True,

@@ -168,6 +168,92 @@ def test_scratch_still_names_the_ragged_row(rows, row):
     assert (info.value.partition, info.value.row) == (3, 10 + row)
 
 
+# ---- columns of list/tuple features (TFoS rows: ``(vec[1:], vec[0])``, ``x.tolist()``) ------------
+
+
+def like_numpy(rows: list, scratch: Scratch | None = None) -> None:
+    """pack_rows gives each field the dtype, shape and values that np.asarray gives it."""
+    batch = pack_rows(rows, scratch=scratch)
+    for j, column in enumerate(batch.columns):
+        expected = np.asarray([row[j] for row in rows])
+        assert column.dtype == expected.dtype and column.shape == expected.shape, (j, column.dtype, expected.dtype)
+        np.testing.assert_array_equal(column, expected)
+
+
+W784 = [i / 7 for i in range(784)]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(list(W784), i) for i in range(40)],  # (x.tolist(), label)
+        [(tuple(W784), i) for i in range(40)],
+        [[list(W784), float(i)] for i in range(40)],  # list rows, float label: (vec[1:], vec[0])
+        [([i] * 784, i) for i in range(40)],  # ints stay int64
+        [([1, 2.5] * 16, 0), ([3, 4] * 16, 1)],  # ints among floats: float64, as numpy
+        [([1] * 32, 0), ([1.5] * 32, 1)],  # a float after int rows: float64, as numpy
+        [([1.0] * 32, 0), ([True, 2] * 16, 1)],  # bools and ints among floats
+        [([True, False] * 16, 0)] * 3,  # bools stay bool
+        [([np.float32(1)] * 32, 0)] * 3,  # numpy float32 values stay float32
+        [([1.0] * 32, 0), ([np.float32(2)] * 32, 1)],
+        [([[float(i)] * 28 for _ in range(28)], i) for i in range(20)],  # 28x28 as lists of lists
+        [(tuple(tuple([1.0] * 28) for _ in range(28)), 1)] * 3,
+        [([[[1.0, 2.0]] * 3] * 4, 1)] * 5,  # 3-D
+        [([float(i), 2.0], i) for i in range(2500)],  # narrow rows, more than one block
+        [([i, -i], i) for i in range(1100)],
+        [([1.0], 0)] * 5,
+        [([2**63] * 32, 1)] * 2,  # beyond int64: uint64, as numpy
+        [([float("inf"), float("nan")] * 16, 1)] * 3,
+        [([1.0] * 32, 1), (tuple([2.0] * 32), 1)],  # lists and tuples mix
+        [([1.0] * 32, 1), ([1.0] * 31 + [1j], 1)],  # a complex: complex128, as numpy
+    ],
+)
+def test_list_features_pack_like_numpy(rows):
+    like_numpy(rows)
+    like_numpy(rows, Scratch())
+
+
+def test_list_features_reuse_scratch_memory():
+    scratch = Scratch()
+    first = pack_rows([(list(W784), i) for i in range(40)], scratch=scratch).columns[0]
+    second = pack_rows([([float(i)] * 784, i) for i in range(30)], scratch=scratch).columns[0]
+    assert np.shares_memory(first, second) and second[:, 0].tolist() == [float(i) for i in range(30)]
+    assert round_trip(pack_rows([([1.5] * 784, 1)] * 3, scratch=Scratch())).columns[0].tolist() == [[1.5] * 784] * 3
+
+
+@pytest.mark.parametrize(
+    ("rows", "row", "words"),
+    [
+        ([(list(W784), 1)] * 40 + [(W784[:-1], 1)], 40, "shape=(783,)"),
+        ([([[1.0] * 28] * 28, 1), ([[1.0] * 28] * 27, 1)], 1, "shape=(27, 28)"),
+        ([([[1.0] * 28] * 28, 1), ([[1.0] * 27, [1.0] * 29] + [[1.0] * 28] * 26, 1)], 1, "different lengths"),
+        ([([[1.0], [1.0, 2.0]], 1)] * 2, 0, "different lengths"),
+        ([([1.0, 2.0], 1)] * 10 + [([1.0], 1)], 10, "shape=(1,)"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + [[1.0]], 1)], 1, "different lengths"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + ["x"], 1)], 1, "dtype=<U32"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + [None], 1)], 1, "dtype=object"),
+        ([([1.0, 2.0], 1)] * 10 + [([1.0, "a"], 1)], 10, "dtype=<U32"),
+    ],
+)
+def test_list_features_that_differ_give_the_errors_numpy_rules_give(rows, row, words):
+    for scratch in (None, Scratch()):
+        with pytest.raises(InputError) as info:
+            pack_rows(rows, partition=4, first_row=100, scratch=scratch)
+        assert (info.value.column, info.value.partition, info.value.row) == (0, 4, 100 + row)
+        assert words in str(info.value)
+
+
+def test_feed_task_chunks_of_list_rows_hold_at_most_262144_python_values():
+    from tfonspark.executor.feeder import Feeder
+
+    def counts(rows: list) -> list[int]:
+        return [b.count for b in Feeder._row_batches(0, iter(rows))]
+
+    assert counts([(list(W784), i) for i in range(1000)]) == [16, 333, 333, 318]  # 262,144 // 786 values
+    assert counts([(np.zeros(784, np.float32), i) for i in range(3000)]) == [16, 1334, 1334, 316]  # 4 MB
+    assert counts(list(range(70_000))) == [16, 65536, 4448]
+
+
 def test_namedtuple_rows_are_tuples():
     Point = namedtuple("Point", "x y")
     batch = pack_rows([Point(1, 2), Point(3, 4)])
