@@ -12,6 +12,7 @@ from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
 from .driver.reports import Report
+from .driver.stopping import request_stop
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
 
@@ -32,5 +33,6 @@ __all__ = [
     "errors",
     "feed_dataset",
     "hdfs_path",
+    "request_stop",
     "run",
 ]

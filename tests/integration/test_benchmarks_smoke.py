@@ -42,15 +42,21 @@ def _table(out: str) -> tuple[list[str], list[list[str]]]:
 
 @pytest.mark.slow
 def test_feed_benchmark_quick_run_prints_a_table():
-    """feed.py measures tfonspark RDD/DF and both plain-Spark limits and prints its table."""
-    out = _run_benchmark("feed.py", "--variants", "rdd,df,plain", "--shapes", "tabular")
+    """feed.py measures tfonspark RDD/DF and both plain-Spark limits, on array and list rows,
+    warm and on the 1st pass, and prints its table."""
+    out = _run_benchmark("feed.py", "--variants", "rdd,df,plain", "--shapes", "tabular", "--row-types", "array,list")
     header, rows = _table(out)
-    assert [r[0] for r in rows] == ["tabular"]
+    assert [r[0] for r in rows] == ["tabular", "tabular-list"]
     assert "TFoS 2.2.5" not in header, "the TFoS variant was not asked for"
-    rates = dict(zip(header, rows[0]))
-    for column in ("tfonspark RDD", "tfonspark DF", "Spark foreachPartition", "Spark mapInArrow drain"):
+    rates, list_rates = dict(zip(header, rows[0])), dict(zip(header, rows[1]))
+    rdd = ("tfonspark RDD", "Spark foreachPartition", "tfonspark RDD 1st pass", "Spark foreachPartition 1st pass")
+    for column in (*rdd, "tfonspark DF", "Spark mapInArrow drain"):
         assert rates[column] not in ("", "n/a"), rates
-    assert "tfonspark RDD >= 0.8x Spark foreachPartition" in out
+    for column in rdd:
+        assert list_rates[column] not in ("", "n/a"), list_rates
+    assert list_rates["tfonspark DF"] == "n/a", "DataFrames have no list rows"
+    assert "tabular: tfonspark RDD >= 0.8x Spark foreachPartition" in out
+    assert "tabular-list: tfonspark RDD 1st pass >= 0.8x Spark foreachPartition 1st pass" in out
 
 
 @pytest.mark.slow
@@ -62,6 +68,17 @@ def test_inference_benchmark_quick_run_prints_a_table():
     assert len(rows) == 1 and "TFoS 2.2.5" not in header
     assert rates["tfonspark"] not in ("", "n/a") and rates["predict_batch_udf"] not in ("", "n/a"), rates
     assert "tfonspark >= 1x predict_batch_udf" in out
+
+
+@pytest.mark.slow
+def test_streaming_benchmark_quick_run_prints_both_ratios():
+    """streaming.py times the streaming and batch feeds and an empty foreachBatch sink in one run."""
+    out = _run_benchmark("streaming.py")
+    header, rows = _table(out)
+    cells = dict(zip(header, rows[0]))
+    assert cells["micro-batches"] == "3" and cells["stream / batch"].endswith("x"), cells
+    assert float(cells["empty foreachBatch s per micro-batch"]) > 0, cells
+    assert "streaming feed >= 0.7x batch feed" in out and "per micro-batch: the streaming feed adds" in out
 
 
 @pytest.mark.parametrize("folder", ["benchmarks", "examples"])

@@ -556,6 +556,7 @@ EXAMPLES = [
     ),
     m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),
     m.Stop(grace_secs=2.5),
+    m.StopRequest(cluster_id="c1", reason="operator"),
     m.Ack(count=7),
     m.FeedStart(qname="input", train=False, partition=4, columns=["a", "b"]),
     m.FeedEnd(count=100),

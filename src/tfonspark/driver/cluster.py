@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import InputMode, NodeConfig
-from ..errors import ConfigError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
+from ..errors import ConfigError, FeedError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
 from ..executor.feeder import FeedTarget
 from ..wire import messages as m
 from ..wire.errors import reraise, summary
@@ -19,6 +22,8 @@ from .launcher import Launcher, LaunchHandle, LocalLauncher, SparkLauncher
 from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
 from .reports import Report, ReportLog
+from .stopping import StopFile, write_stop_file
+from .streaming import Streams, is_dstream, is_streaming_df
 
 __all__ = ["SPARK_SETTINGS", "Cluster"]
 
@@ -101,6 +106,9 @@ class Cluster:
         self.launches: list[LaunchHandle] = []
         self.feeds = Feeds(sc, config.secret_hex, self)
         self.report_log = reports or ReportLog()
+        self.streams = Streams(self.feeds, self, label=self.cluster_id[:8])
+        self.failure: NodeFailed | None = None  # the node failure that tore the cluster down
+        self._stop_files: list[str] = []
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
 
@@ -164,7 +172,8 @@ class Cluster:
                 self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
             failed = self.server.failures() or failed
             self._teardown(grace_secs=0)
-            raise node_failed(failed)
+            self.failure = error = node_failed(failed)
+            raise error
 
     def _launch_error(self) -> BaseException | None:
         return next((h.error for h in self.launches if h.done.is_set() and h.error is not None), None)
@@ -217,20 +226,84 @@ class Cluster:
         }
 
     # ---- public API ------------------------------------------------------------------------
-    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input") -> int:
-        """Feed ``data`` (an RDD or DataFrame) to the nodes for ``num_epochs`` epochs.
+    def train(
+        self,
+        data: Any,
+        num_epochs: int = 1,
+        feed_timeout: float = 600,
+        qname: str = "input",
+        *,
+        trigger: str | dict[str, Any] | None = None,
+        checkpoint_location: str | None = None,
+        query_name: str | None = None,
+    ) -> Any:
+        """Feed ``data`` to the nodes: an RDD or DataFrame for ``num_epochs`` epochs, or a stream.
 
-        Returns the number of rows the nodes received (less than fed if a node terminated).
+        Returns the number of rows the nodes received for an RDD/DataFrame (less than fed if a
+        node terminated). A DStream (TFoS) is fed micro-batch by micro-batch (``foreachRDD``) once
+        its StreamingContext starts, and returns None; a streaming DataFrame starts a query that
+        feeds each micro-batch (``foreachBatch``; ``trigger``, ``checkpoint_location`` and
+        ``query_name`` configure it) and returns its ``StreamingQuery``. Streams are stopped by
+        ``shutdown(ssc_or_query)``.
         """
         self._require_spark_mode("train")
         self.check()
+        options = {"trigger": trigger, "checkpoint_location": checkpoint_location, "query_name": query_name}
+        if is_dstream(data) or is_streaming_df(data):
+            if num_epochs != 1:
+                raise ConfigError(
+                    f"a stream is fed once, as it arrives: num_epochs must be 1. Received: {num_epochs!r}"
+                )
+            return self.streams.train(data, feed_timeout, qname, options)
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to a streaming DataFrame. Received: {type(data).__name__}")
         return self.feeds.train(data, num_epochs, feed_timeout, qname, label=self.cluster_id[:8])
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
-        """Feed ``data`` to the nodes and return one result per input row (RDD or DataFrame)."""
+        """Feed ``data`` to the nodes and return one result per input row, lazily.
+
+        An RDD for an RDD, a DataFrame for a DataFrame, a DStream for a DStream and a streaming
+        DataFrame for a streaming DataFrame (``output_schema`` required: pick its sink and
+        checkpoint location yourself).
+        """
         self._require_spark_mode("inference")
         self.check()
+        if is_dstream(data) or is_streaming_df(data):
+            return self.streams.inference(data, feed_timeout, qname, output_schema)
         return self.feeds.inference(data, feed_timeout, qname, output_schema)
+
+    def request_stop(self, reason: str = "request_stop() on the driver") -> None:
+        """Ask the cluster's streams to stop, as a stop request from outside does (see write_stop_file)."""
+        self.server.request_stop(reason)
+
+    def write_stop_file(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Write a stop file (address, cluster id, secret; mode 0600) and return its path.
+
+        Whoever can read it can stop this cluster's streams from any machine that reaches the
+        driver: ``python -m tfonspark.stop FILE`` or ``tfonspark.request_stop(FILE)``. It is
+        removed when the cluster shuts down. ``path`` None: a new file in the temp directory.
+        """
+        host, port = self.server.address
+        written = write_stop_file(path, StopFile(host, port, self.cluster_id, self.server.secret))
+        self._stop_files.append(written)
+        log.info("to stop this cluster's streams: python -m tfonspark.stop %s", written)
+        return written
+
+    def stop_condition(self, timeout: float) -> tuple[str, bool]:
+        """Why the streams must stop now, and whether gracefully; waits up to ``timeout`` for one."""
+        server = self.server
+        self.server.wait_for(lambda nodes: bool(server.stop_reason) or self._closed or self.all_done(), timeout)
+        failed = server.failures()
+        if failed:
+            return f"TensorFlow node {failed[0].role.name} failed", False
+        if self._closed or server.closed:
+            return "the cluster was shut down", False
+        if server.stop_reason:
+            return f"stop requested: {server.stop_reason}", True
+        if self.all_done():
+            return "every data node has finished", True
+        return "", True
 
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
@@ -252,21 +325,39 @@ class Cluster:
         return None
 
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
-        """End the feed, wait for the chief/workers to finish, stop ps/evaluator nodes.
+        """Stop the streams, end the feed, wait for the chief/workers to finish, stop ps/evaluator nodes.
 
-        ``grace_secs`` is how long ps/evaluator nodes get to exit after SIGTERM before SIGKILL.
+        ``ssc`` (a StreamingContext or a StreamingQuery) is waited for, as in TFoS: until every
+        data node has finished, a stop is requested (``request_stop``, ``python -m
+        tfonspark.stop``), a node fails or the stream ends by itself; then every stream of the
+        cluster is stopped gracefully (the running micro-batch completes). Without ``ssc`` the
+        cluster's streams are stopped at once. ``grace_secs`` is how long ps/evaluator nodes get
+        to exit after SIGTERM before SIGKILL.
 
-        Raises NodeFailed if any node failed, ShutdownTimeout if workers are still running after
-        ``timeout`` seconds (they are stopped either way).
+        Raises NodeFailed if any node failed, ShutdownTimeout if streams or workers are still
+        running after ``timeout`` seconds (they are stopped either way), and the error a stream
+        ended with.
         """
+        deadline = time.monotonic() + (timeout if timeout and timeout > 0 else 1e9)
         if self._closed:
+            self.streams.join(30)
+            if ssc is not None and self.failure is not None:
+                raise self.failure  # the stream's node failure, torn down while feeding a micro-batch
             return
-        if ssc is not None:
-            ssc.awaitTermination()
+        in_time, stream_error = self.streams.finish(ssc, max(deadline - time.monotonic(), 0))
+        self.check()
+        if not in_time:
+            self._teardown(grace_secs=0)
+            self.streams.join(30)
+            raise ShutdownTimeout(
+                f"the stream was still running after timeout={timeout}s; it and the TensorFlow nodes have "
+                "been stopped. Request a stop (cluster.request_stop(), python -m tfonspark.stop) or raise "
+                "shutdown(timeout=...)."
+            )
         if self.input_mode == InputMode.SPARK:
             self.feeds.close()
         trainers = lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES)  # noqa: E731
-        done = self.server.wait_for(trainers, timeout if timeout and timeout > 0 else None)
+        done = self.server.wait_for(trainers, max(deadline - time.monotonic(), 0))
         self.check()
         if not done:
             self._teardown(grace_secs=0)
@@ -279,6 +370,10 @@ class Cluster:
         # time ps/evaluator nodes get between SIGTERM and SIGKILL (TFoS slept it unconditionally)
         self.check()
         self._teardown(grace_secs=max(grace_secs, 2.0))
+        self.streams.join(30)
+        if stream_error is not None:
+            reraise(stream_error)
+            raise FeedError(f"the stream ended with an error: {summary(stream_error)}") from stream_error
 
     def _teardown(self, grace_secs: float) -> None:
         """Stop every node, wait for their supervisors, cancel jobs, close the server."""
@@ -296,7 +391,10 @@ class Cluster:
             if lost or not launch.join(10):
                 launch.cancel()
                 launch.join(10)
-        self.server.close()
+        self.server.close()  # also wakes the streams' watcher, which stops them
+        for path in self._stop_files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         # the watcher hands out the last reports and events before it ends: once shutdown()
         # returns, every report a node made is in cluster.reports and has reached on_report
         if self._watcher.is_alive() and threading.current_thread() is not self._watcher:

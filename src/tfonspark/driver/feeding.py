@@ -70,10 +70,10 @@ class Feeds:
             self.sc.cancelJobGroup(group)
 
     # ---- feeding ---------------------------------------------------------------------------------
-    def _feeder(self, qname: str, feed_timeout: float) -> Feeder:
+    def _feeder(self, qname: str, feed_timeout: float, feed_id: str = "") -> Feeder:
         if not feed_timeout or feed_timeout <= 0:
             raise ConfigError(f"feed_timeout must be > 0 seconds. Received: {feed_timeout!r}")
-        return Feeder(self.nodes.targets(), self.secret_hex, qname, feed_timeout)
+        return Feeder(self.nodes.targets(), self.secret_hex, qname, feed_timeout, feed_id)
 
     def _run(self, description: str, action: Any) -> Any:
         group = f"tfonspark-feed-{uuid.uuid4().hex[:12]}"
@@ -88,15 +88,20 @@ class Feeds:
         finally:
             self.groups.discard(group)
 
-    def train(self, data: Any, num_epochs: int, feed_timeout: float, qname: str, label: str = "") -> int:
+    def train(
+        self, data: Any, num_epochs: int, feed_timeout: float, qname: str, label: str = "", feed_id: str = ""
+    ) -> int:
         """Feed every row of ``data`` ``num_epochs`` times; return how many rows the nodes received.
 
         If every data node stops taking data (``terminate()``, or ``map_fun`` returned) the rest
         of the feed is skipped, as in TFoS, and the rows delivered so far are returned.
+        ``feed_id`` names the feed (a stream's micro-batch); a fresh one if empty.
         """
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
-        feeder = self._feeder(qname, feed_timeout)
+        if getattr(data, "isStreaming", False) is True:
+            raise ConfigError("a streaming DataFrame is fed by Cluster.train(), which starts its query")
+        feeder = self._feeder(qname, feed_timeout, feed_id)
         self.errors.clear()  # stalls reported for an earlier feed are not this one's
         delivered = self.sc.accumulator(0)
 
@@ -113,7 +118,10 @@ class Feeds:
             task = captured(feeder.train_rdd)
             action = lambda: sum(rdd.mapPartitionsWithIndex(task).map(count).collect())  # noqa: E731
         else:
-            raise ConfigError(f"train() takes a Spark RDD or DataFrame. Received: {type(data).__name__}")
+            raise ConfigError(
+                "train() takes an RDD, a DataFrame, a streaming DataFrame or a DStream. "
+                f"Received: {type(data).__module__}.{type(data).__name__}"
+            )
         self.running = feeder.feed_id
         try:
             result = self._run(f"tfonspark train {label}", action)
@@ -132,7 +140,10 @@ class Feeds:
         feeder = self._feeder(qname, feed_timeout)
         if not _is_dataframe(data):
             if not hasattr(data, "mapPartitionsWithIndex"):
-                raise ConfigError(f"inference() takes a Spark RDD or DataFrame. Received: {type(data).__name__}")
+                raise ConfigError(
+                    "inference() takes an RDD, a DataFrame, a streaming DataFrame or a DStream. "
+                    f"Received: {type(data).__module__}.{type(data).__name__}"
+                )
             return data.mapPartitionsWithIndex(captured(feeder.infer_rdd))
         schema = self._output_schema(data, feeder, output_schema)
         return data.mapInArrow(captured(feeder.infer_arrow(schema.json())), schema)
@@ -149,6 +160,11 @@ class Feeds:
         if output_schema is not None:
             raise ConfigError(
                 f"output_schema must be a StructType, a DDL string or None. Received: {type(output_schema).__name__}"
+            )
+        if getattr(df, "isStreaming", False) is True:
+            raise ConfigError(
+                "inference() of a streaming DataFrame needs output_schema (a StructType or a DDL string such "
+                "as 'prediction double'): a stream has no rows to probe the results' schema from"
             )
         probe = df.limit(1).rdd.map(tuple).mapPartitionsWithIndex(captured(feeder.infer_rdd))
         rows = self._run("tfonspark inference schema probe", probe.collect)

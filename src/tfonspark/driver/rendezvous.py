@@ -117,6 +117,7 @@ class RendezvousServer:
         self._ready: set[int] = set()  # executor ids sent ClusterReady: they get heartbeats
         self._cond = threading.Condition()
         self._closed = False
+        self.stop_reason = ""  # set by request_stop(): why the cluster's streams should stop
         self._stopping = threading.Event()
         sock, self.address = self._bind(host, port_spec, bind_host)
         self._listener = Listener(
@@ -165,7 +166,10 @@ class RendezvousServer:
         node: NodeState | None = None
         try:
             conn.settimeout(self.handshake_timeout)  # Register must follow authentication at once
-            msg = m.recv_message(conn, m.Register)
+            msg = m.recv_message(conn, m.Register, m.StopRequest)
+            if isinstance(msg, m.StopRequest):
+                self._stop_request(conn, msg)
+                return False
             assert isinstance(msg, m.Register)
             node = self._register(conn, msg)
             if node is not None:
@@ -174,6 +178,22 @@ class RendezvousServer:
             if node is not None:
                 self._lost(node, f"connection to its supervisor broke: {exc}")
         return False
+
+    def _stop_request(self, conn: Connection, msg: m.StopRequest) -> None:
+        """An authenticated peer asks the cluster's streams to stop (``tfonspark.request_stop``)."""
+        if msg.cluster_id and msg.cluster_id != self.cluster_id:
+            m.send_message(conn, m.Reject(f"this driver serves cluster {self.cluster_id}, not {msg.cluster_id}"))
+            return
+        self.request_stop(msg.reason or "a stop request")
+        m.send_message(conn, m.Ack())
+
+    def request_stop(self, reason: str) -> None:
+        """Record a stop request (the first reason is kept) and wake every waiter."""
+        with self._cond:
+            if not self.stop_reason:
+                self.stop_reason = reason
+                log.info("rendezvous: stop requested: %s", reason)
+            self._cond.notify_all()
 
     def _register(self, conn: Connection, msg: m.Register) -> NodeState | None:
         """Record a registration, wait for the whole cluster, then send it the spec."""

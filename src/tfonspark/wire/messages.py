@@ -30,6 +30,7 @@ __all__ = [
     "Reject",
     "ResultsEnd",
     "Stop",
+    "StopRequest",
     "Terminate",
     "decode",
     "encode",
@@ -138,6 +139,19 @@ class Stop(Message):
 
     TYPE: ClassVar[str] = "stop"
     grace_secs: float = 5.0
+
+
+@dataclass
+class StopRequest(Message):
+    """Anyone holding the cluster secret -> driver: stop the cluster's streams (TFoS ``request_stop``).
+
+    ``cluster_id`` ("" for any) guards against a stop file of another run; ``reason`` is logged.
+    The driver answers ``Ack``, or ``Reject`` naming why.
+    """
+
+    TYPE: ClassVar[str] = "stop_request"
+    cluster_id: str = ""
+    reason: str = ""
 
 
 @dataclass
