@@ -21,24 +21,39 @@ from typing import Any
 __all__ = ["disable_auto_shard", "export_saved_model", "is_gpu_available"]
 
 
-def export_saved_model(model: Any, export_dir: str | os.PathLike[str], is_chief: bool = False) -> None:
+def export_saved_model(model: Any, export_dir: str | bytes | os.PathLike[str], is_chief: bool = False) -> None:
     """Export ``model`` as a SavedModel to ``export_dir`` on the chief; elsewhere to a throwaway dir.
 
     A Keras model built under a distribution strategy decides who the chief is from the strategy
-    (``TF_CONFIG``), as TFoS programs expect ``is_chief`` to say anyway.
+    (``TF_CONFIG``), as TFoS programs expect ``is_chief`` to say anyway. A tf_keras (Keras 2)
+    model is written as TFoS wrote it, ``model.save(dir, save_format="tf")``: its
+    ``serving_default`` signature keeps the layer names TFoS programs map (``conv2d_input``,
+    ``dense_1``). ``export_dir`` may be bytes, as ``get_timestamped_export_dir`` returns it.
     """
     from .distribute.checkpoint import export_saved_model as export
+    from .distribute.strategies import task_info_of
 
-    if getattr(model, "_distribute_strategy", None) is not None:
-        export(model, export_dir)  # every worker saves, the strategy's chief keeps it
-    elif is_chief:
-        export(model, export_dir, is_chief=True)
-    else:
-        scratch = tempfile.mkdtemp(prefix="tfonspark-worker-model-")
-        try:
-            export(model, scratch, is_chief=True)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+    path = os.fsdecode(export_dir)
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is not None:
+        is_chief = task_info_of(strategy).is_chief
+    if not _is_tf_keras(model) and strategy is not None:
+        export(model, path)  # every worker saves, the strategy's chief keeps it
+        return
+    target = path if is_chief else tempfile.mkdtemp(prefix="tfonspark-worker-model-")
+    try:
+        if _is_tf_keras(model):
+            model.save(target, save_format="tf")
+        else:
+            export(model, target, is_chief=True)
+    finally:
+        if not is_chief:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def _is_tf_keras(model: Any) -> bool:
+    """A Keras 2 model (``tf_keras``, what ``tf.keras`` is under ``TF_USE_LEGACY_KERAS=1``)."""
+    return type(model).__module__.split(".")[0] == "tf_keras"
 
 
 def disable_auto_shard(options: Any) -> None:

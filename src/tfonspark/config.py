@@ -47,6 +47,11 @@ class NodeConfig:
     heartbeat_secs: float = 5.0  # supervisor <-> driver liveness messages
     heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT  # silence after which the other side is gone
     collective: str = settings.DEFAULT_COLLECTIVE  # the TF process's TFONSPARK_COLLECTIVE
+    # Keras 2 for the TF process: "" = leave it (Keras 3 unless the user set TF_USE_LEGACY_KERAS),
+    # "auto" = TF_USE_LEGACY_KERAS=1 where tf_keras is installed on the node, "on" = required
+    legacy_keras: str = ""
+    tfos_face: bool = False  # started by the TFoS face (TFCluster.run, pipeline.TFEstimator)
+    num_gpus: int | None = None  # tf_args.num_gpus (executor/gpus.py); None = not given
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
@@ -55,6 +60,10 @@ class NodeConfig:
             )
         if self.reservation_timeout <= 0:
             raise ConfigError(f"reservation_timeout must be > 0 seconds. Received: {self.reservation_timeout!r}")
+        if self.legacy_keras not in ("", "auto", "on"):
+            raise ConfigError(f"legacy_keras must be '', 'auto' or 'on'. Received: {self.legacy_keras!r}")
+        if self.num_gpus is not None and (isinstance(self.num_gpus, bool) or self.num_gpus < 0):
+            raise ConfigError(f"num_gpus must be None or a whole number >= 0. Received: {self.num_gpus!r}")
         if len(self.secret_hex) < 32:
             raise ConfigError("the cluster secret is too short")
         for name in _SHIPPED_SETTINGS:

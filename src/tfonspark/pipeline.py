@@ -8,12 +8,13 @@ Programs change only their import line::
 arguments and Params (names and defaults) as in TFoS, and ``train_fn(args, ctx)`` receives the
 same merged ``args``. Differences: a TFModel keeps the input columns and appends its outputs,
 and ``signature_def_key`` defaults to ``serving_default``. TFoS internals (``_run_model``,
-``single_node_env``, ``yield_batch``) are not kept.
+``single_node_env``, ``yield_batch``) are not kept. As with ``TFCluster.run``, the nodes run
+Keras 2 (``tf_keras``) where it is installed; ``spark.tfonspark.legacyKeras=off`` keeps Keras 3.
 """
 
 from __future__ import annotations
 
-from .ml.estimator import TFEstimator
+from .ml import estimator as _estimator
 from .ml.model import TFModel
 from .ml.params import (
     HasBatchSize,
@@ -39,6 +40,14 @@ from .ml.params import (
     TFParams,
     TFTypeConverters,
 )
+
+
+class TFEstimator(_estimator.TFEstimator):
+    """TFoS ``pipeline.TFEstimator``: :class:`tfonspark.ml.TFEstimator` whose nodes run Keras 2
+    (``tf_keras``) where installed, as TFoS ``train_fn`` code expects."""
+
+    _tfos_face = True
+
 
 __all__ = [
     "HasBatchSize",

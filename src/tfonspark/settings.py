@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_COLLECTIVE",
     "DEFAULT_FEED_BUFFER_BYTES",
     "DEFAULT_HEARTBEAT_TIMEOUT",
+    "LEGACY_KERAS_MODES",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
     "Setting",
@@ -59,6 +60,8 @@ COLLECTIVES = ("auto", "ring", "nccl")
 DEFAULT_COLLECTIVE = "auto"
 COLLECTIVE_ENV = "TFONSPARK_COLLECTIVE"
 """The variable :func:`tfonspark.distribute.strategy` reads in the TF process."""
+LEGACY_KERAS_MODES = ("auto", "on", "off")
+"""``legacy_keras``: ``auto`` = Keras 2 (tf_keras) for the TFoS face where installed, ``on``, ``off``."""
 
 _ARGUMENT = "the keyword argument"
 _CONF = "the Spark conf"
@@ -131,6 +134,17 @@ def _seconds(raw: object) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError
     return value
+
+
+def _legacy_keras(raw: object) -> str:
+    """``auto``/``on``/``off``; booleans and the usual spellings of them (``true``, ``0``...) too."""
+    if isinstance(raw, bool):
+        return "on" if raw else "off"
+    name = _text(raw).lower()
+    name = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(name, name)
+    if name not in LEGACY_KERAS_MODES:
+        raise ValueError
+    return name
 
 
 def _collective(raw: object) -> str:
@@ -235,6 +249,17 @@ SETTINGS: tuple[Setting, ...] = (
         default_text="`auto`",
         on_node=True,
     ),
+    Setting(
+        "legacy_keras",
+        "spark.tfonspark.legacyKeras",
+        ("TFONSPARK_LEGACY_KERAS",),
+        "auto",
+        _legacy_keras,
+        "one of auto, on, off (or true/false)",
+        "Keras 2 (`tf_keras`, `TF_USE_LEGACY_KERAS=1`) in the TF processes: `auto` = for the TFoS face "
+        "(`TFCluster.run`, `pipeline.TFEstimator`) where `tf_keras` is installed, `on` = always, `off` = Keras 3",
+        default_text="`auto`",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -251,6 +276,7 @@ class Settings:
     bind_host: str
     heartbeat_timeout: float
     collective: str
+    legacy_keras: str
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
 

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.integration.conftest import by_value
 
 PROGRAMS = Path(__file__).parent / "tfos_programs"
-TFOS_IMPORT = "from tensorflowonspark import TFCluster, TFNode"
 
 
 def _load(name: str, tmp_path: Path):
-    """Load a TFoS program with its import line switched to tfonspark (and nothing else)."""
+    """Load a TFoS program with its import lines switched to tfonspark (and nothing else)."""
     source = (PROGRAMS / f"{name}.py").read_text()
-    assert source.count(TFOS_IMPORT) == 1
-    ported = source.replace(TFOS_IMPORT, "from tfonspark import TFCluster, TFNode")
-    assert sum(a != b for a, b in zip(source.splitlines(), ported.splitlines())) == 1
+    ported = source.replace("from tensorflowonspark", "from tfonspark")
+    changed = [b for a, b in zip(source.splitlines(), ported.splitlines()) if a != b]
+    assert changed and all(line.strip().startswith("from tfonspark") for line in changed)
     path = tmp_path / f"{name}.py"
     path.write_text(ported)
     spec = importlib.util.spec_from_file_location(f"tfos_program_{name}", path)
@@ -49,3 +50,74 @@ def test_tensorflow_mode_program_with_ps_and_chief(sc, tmp_path):
     nodes = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert sorted(nodes) == ["chief0", "worker0"]
     assert nodes["chief0"]["jobs"] == ["chief", "ps", "worker"] and nodes["chief0"]["num_workers"] == 2
+
+
+# ---- Keras 2 programs on real MNIST, in the layouts TFoS's mnist_data_setup.py writes ----------
+TRAIN_ROWS, TEST_ROWS = 3000, 1000
+
+
+@pytest.fixture(scope="module")
+def tfos_mnist(mnist_dir, spark_manager, tmp_path_factory):
+    """csv/ and tfr/ train and test sets (subsets of MNIST) as TFoS's mnist_data_setup.py lays them out."""
+    from tfonspark.demo.tfos_data import write_tfos_mnist
+
+    out = tmp_path_factory.mktemp("tfos_mnist")
+    write_tfos_mnist(
+        spark_manager.get("local-cluster[2,1,1024]"), mnist_dir, str(out), num_partitions=4, limit=TRAIN_ROWS
+    )
+    return out
+
+
+def _test_set(mnist_dir):
+    from tfonspark.demo.datasets import load_mnist
+
+    data = load_mnist(mnist_dir)
+    return data.test_images[:TEST_ROWS].astype(np.float32)[..., None] / 255.0, data.test_labels[:TEST_ROWS]
+
+
+def test_keras2_feed_program_trains_under_mwms_and_exports_tfos_signature(sc, tfos_mnist, mnist_dir, tmp_path):
+    import tensorflow as tf
+
+    program = _load("keras_mnist_feed", tmp_path)
+    args = argparse.Namespace(
+        batch_size=32,
+        epochs=2,
+        rows=TRAIN_ROWS,
+        cluster_size=2,
+        images_labels=str(tfos_mnist / "csv" / "train"),
+        model_dir=str(tmp_path / "model"),
+        export_dir=str(tmp_path / "export"),
+    )
+    program.main(sc, args)
+    module, _ = (tmp_path / "model" / "history.txt").read_text().split()
+    assert module.startswith("tf_keras"), f"the node ran {module}, not Keras 2"
+    assert (tmp_path / "model" / "weights-0002.index").exists()  # TF-format checkpoint (Keras 2 only)
+    predict = tf.saved_model.load(args.export_dir).signatures["serving_default"]
+    images, labels = _test_set(mnist_dir)
+    scores = predict(conv2d_input=tf.constant(images))["dense"].numpy()
+    accuracy = float((scores.argmax(axis=1) == labels).mean())
+    assert accuracy > 0.8, f"test accuracy {accuracy:.3f} after {args.epochs} epochs on {TRAIN_ROWS} rows"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tfr"])
+def test_keras2_pipeline_program_trains_and_infers(spark, tfos_mnist, mnist_dir, tmp_path, fmt):
+    program = _load("keras_mnist_pipeline", tmp_path)
+    args = argparse.Namespace(
+        batch_size=32,
+        epochs=1,
+        rows=TRAIN_ROWS,
+        cluster_size=2,
+        format=fmt,
+        images_labels=str(tfos_mnist / fmt / "train"),
+        model_dir=str(tmp_path / "model"),
+        export_dir=str(tmp_path / "export"),
+    )
+    program.train(spark, args)
+    images, labels = _test_set(mnist_dir)
+    frame = spark.createDataFrame(
+        [(image.ravel().tolist(), int(label)) for image, label in zip(images, labels)], ["image", "label"]
+    )
+    rows = program.inference(spark, args, frame).select("label", "prediction").collect()
+    assert len(rows) == TEST_ROWS
+    accuracy = float(np.mean([int(np.argmax(r.prediction)) == r.label for r in rows]))
+    assert accuracy > 0.75, f"{fmt}: test accuracy {accuracy:.3f} after {args.epochs} epoch on {TRAIN_ROWS} rows"

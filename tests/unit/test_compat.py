@@ -46,3 +46,16 @@ def test_disable_auto_shard_turns_tf_data_sharding_off():
 
 def test_is_gpu_available_says_what_tensorflow_sees():
     assert compat.is_gpu_available() == bool(tf.config.list_logical_devices("GPU"))
+
+
+def test_a_tf_keras_model_is_saved_as_tfos_saved_it_with_its_layer_names(tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    model = tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(3,), name="dense")])
+    export_dir = os.fsencode(tmp_path / "1700000000")  # as get_timestamped_export_dir returns it
+    compat.export_saved_model(model, export_dir, is_chief=True)
+    predict = tf.saved_model.load(str(tmp_path / "1700000000")).signatures["serving_default"]
+    x = np.ones((4, 3), np.float32)
+    out = predict(dense_input=tf.constant(x))  # the input name TFoS programs map (e.g. conv2d_input)
+    np.testing.assert_allclose(out["dense"].numpy(), model.predict(x, verbose=0), rtol=1e-5)
+    compat.export_saved_model(model, str(tmp_path / "other"), is_chief=False)
+    assert not (tmp_path / "other").exists()

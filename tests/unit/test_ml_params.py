@@ -215,7 +215,8 @@ def test_estimator_needs_functions():
 def test_pipeline_module_is_the_tfos_face_of_ml():
     from tfonspark import ml, pipeline
 
-    assert pipeline.TFEstimator is ml.TFEstimator and pipeline.TFModel is ml.TFModel
+    assert issubclass(pipeline.TFEstimator, ml.TFEstimator) and pipeline.TFModel is ml.TFModel
+    assert pipeline.TFEstimator._tfos_face and not ml.TFEstimator._tfos_face  # Keras 2 for TFoS code only
     assert pipeline.Namespace is ml.Namespace
     assert pipeline.TFTypeConverters.toDict({"a": "b"}) == {"a": "b"}
 

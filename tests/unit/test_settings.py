@@ -30,6 +30,7 @@ VALUES = {
     "bind_host": ("0.0.0.0", "::", "::"),
     "heartbeat_timeout": (30, "12.5", 12.5),
     "collective": ("ring", "NCCL", "nccl"),
+    "legacy_keras": ("on", "OFF", "off"),
 }
 
 

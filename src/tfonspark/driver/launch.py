@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 from .. import settings
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
+from ..executor.gpus import requested_gpus
 from ..executor.host import local_ip_towards
 from ..fs import default_fs
 from ..wire.framing import new_secret
@@ -20,6 +23,9 @@ from .rendezvous import RendezvousServer
 from .reports import Report, ReportLog
 
 __all__ = ["run"]
+
+_log = logging.getLogger(__name__)
+_LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
 
 
 def _driver_host(sc: Any) -> str:
@@ -52,6 +58,8 @@ def run(
     bind_host: str | None = None,
     heartbeat_timeout: float | None = None,
     collective: str | None = None,
+    legacy_keras: bool | str | None = None,
+    _tfos_face: bool = False,
 ) -> Cluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
 
@@ -72,6 +80,7 @@ def run(
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
     mode = InputMode(input_mode)
+    num_gpus = requested_gpus(tf_args)  # TFoS's tf_args.num_gpus: how many GPUs each node takes
     chosen = {
         "server_host": server_host,
         "server_port": server_port,
@@ -80,6 +89,7 @@ def run(
         "bind_host": bind_host,
         "heartbeat_timeout": heartbeat_timeout,
         "collective": collective,
+        "legacy_keras": legacy_keras,
     }
     resolved = settings.resolve(chosen, sc.getConf())
     secret = new_secret()
@@ -108,6 +118,9 @@ def run(
         default_fs=default_fs(sc),
         chief_job=master_node if master_node in CHIEF_ROLES else "worker",
         heartbeat_secs=heartbeat_secs,
+        legacy_keras=_node_keras(resolved.legacy_keras, _tfos_face),
+        tfos_face=_tfos_face,
+        num_gpus=num_gpus,
         **resolved.node_fields(),
     )
     use_barrier = launcher is None and barrier_supported(sc)
@@ -134,3 +147,24 @@ def _reserve_slots(sc: Any, needed: int, timeout: float) -> None:
             registered=slots,
             required=needed,
         )
+
+
+def _node_keras(mode: str, tfos_face: bool) -> str:
+    """``NodeConfig.legacy_keras`` for the ``legacy_keras`` setting, said in one log line."""
+    if mode == "off" or (mode == "auto" and not tfos_face):
+        return ""
+    if mode == "on":
+        _log.info("TF processes use Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1): legacy_keras=on")
+        return "on"
+    if importlib.util.find_spec("tf_keras") is None:
+        _log.warning(
+            "TFoS face: tf_keras is not installed, so TF processes use Keras 3, where model.fit under "
+            "MultiWorkerMirroredStrategy fails; pip install 'tfonspark[tfos]' to run TFoS Keras programs unchanged"
+        )
+    else:
+        _log.info(
+            "TFoS face: TF processes use Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) as TFoS programs expect; "
+            "%s keeps Keras 3",
+            _LEGACY_KERAS_KEYS,
+        )
+    return "auto"

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..fs import default_fs as fs_default
 from ..tfprocess.context import NodeContext
+from ..tfprocess.hints import hint_for
 from .jobs import wait_for_slots
 
 __all__ = ["run"]
@@ -57,7 +58,14 @@ def run(
             default_fs=default_fs,
             working_dir=os.getcwd(),
         )
-        yield map_fn(tf_args, ctx)
+        try:
+            result = map_fn(tf_args, ctx)
+        except Exception as exc:
+            hint = hint_for(exc)
+            if hint and hasattr(exc, "add_note"):  # Python >= 3.11: the note ends the traceback text
+                exc.add_note(f"Hint: {hint}")
+            raise
+        yield result
 
     rdd = sc.parallelize(range(num_executors), num_executors)
     results: list[Any] = (rdd.barrier() if use_barrier else rdd).mapPartitionsWithIndex(_run).collect()

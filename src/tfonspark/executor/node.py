@@ -21,6 +21,7 @@ from typing import Any
 from ..config import InputMode, NodeConfig
 from ..errors import ClusterError
 from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
+from .gpus import check_request, spark_addresses
 
 __all__ = ["node_task", "start_node"]
 
@@ -159,7 +160,8 @@ def node_task(config: NodeConfig, payload: bytes) -> Callable[[Iterator[int]], I
 
         task = TaskContext.get()
         resources = task.resources() if task is not None else {}
-        gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
+        gpus = spark_addresses(resources)  # the supervisor applies num_gpus, or picks by nvidia-smi
+        check_request(gpus, config.num_gpus, os.environ)  # more GPUs than this node can have: fail now
         wait = config.input_mode == InputMode.TENSORFLOW
         for executor_id in executor_ids:
             yield start_node(config, executor_id, payload, gpus, wait)

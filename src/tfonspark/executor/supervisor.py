@@ -30,11 +30,14 @@ from typing import IO, Any
 
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..settings import COLLECTIVE_ENV
 from ..wire import messages as m
 from ..wire.bootstrap import STATUS_PREFIX, read_bootstrap, write_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
+from . import tfos_env
+from .gpus import assign as assign_gpus
+from .gpus import cuda_env
 from .host import SCRATCH_PREFIX, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 TAIL_LINES = 60
@@ -90,6 +93,13 @@ class Supervisor:
             return 2
         assert isinstance(reply, m.ClusterReady)
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True, name="tfos-heartbeat").start()
+        try:  # the node's GPUs (executor/gpus.py), its Keras; a node that cannot have them fails with the reason
+            self.gpus = assign_gpus(
+                self.gpus, self.config.num_gpus, reply.cluster_spec, reply.job_name, reply.task_index, os.environ
+            )
+            tfos_env.prepare(self.config, {})  # legacy_keras=on without tf_keras: fail here, saying why
+        except ConfigError as exc:
+            return self._cannot_start(conn, exc)
         status_r, status_w = os.pipe()
         try:
             self._spawning = True  # SIGTERM from now on stops the TF process instead of us
@@ -121,6 +131,14 @@ class Supervisor:
         _status("exit", exit_code=code, stopped=self.stopping, traceback=error)
         return 0
 
+    def _cannot_start(self, conn: Connection, error: Exception) -> int:
+        """A node whose TF process cannot start ends as if it had failed at once, saying why."""
+        text = f"{type(error).__name__}: {error}"
+        self.done.set()  # stops the heartbeats
+        self._send(conn, m.NodeExit(self.executor_id, 1, text, "", False))
+        _status("exit", exit_code=1, stopped=False, traceback=text)
+        return 0
+
     def _await_cluster(self, conn: Connection) -> m.Message:
         """The driver's ClusterReady or Reject, within ``reservation_timeout`` (+ a margin)."""
         deadline = time.monotonic() + self.config.reservation_timeout + CLUSTER_MARGIN_SECS
@@ -148,8 +166,8 @@ class Supervisor:
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
         env["PYTHONUNBUFFERED"] = "1"
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+        tfos_env.prepare(self.config, env)  # Keras 2 / TFoS import shims, where asked for
+        env.update(cuda_env(self.gpus, env))  # CUDA_VISIBLE_DEVICES="" on the CPU: TF must not take every GPU
         header = {
             "config": self.config.to_json(),
             "executor_id": self.executor_id,

@@ -135,6 +135,8 @@ class TFEstimator(
     ``allow_pickle=True`` on both sides (:mod:`tfonspark.ml.persistence`).
     """
 
+    _tfos_face = False  # pipeline.TFEstimator: nodes run Keras 2 where tf_keras is installed
+
     def __init__(self, train_fn: Any, tf_args: Any = None, export_fn: Any = None) -> None:
         super().__init__()
         for name, fn in (("train_fn", train_fn), ("export_fn", export_fn)):
@@ -167,6 +169,7 @@ class TFEstimator(
             mode,
             master_node=args.master_node,
             driver_ps_nodes=args.driver_ps_nodes,
+            _tfos_face=self._tfos_face,
         )
         _train_and_shutdown(cluster, feed, args)
         if self.export_fn is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..fs import qualify
@@ -31,6 +31,16 @@ def hdfs_path(ctx: Any, path: str) -> str:
     return qualify(path, default_fs=str(ctx.defaultFS), working_dir=str(ctx.working_dir), tfos=True)
 
 
+def _visible_gpus() -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` as a list; CUDA stops at the first invalid entry (``-1`` hides all)."""
+    out = []
+    for item in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","):
+        if not item.strip() or item.strip().startswith("-"):
+            break
+        out.append(item.strip())
+    return out
+
+
 class NodeContext:
     """Who this node is in the cluster, where its data comes from, and TFoS helpers."""
 
@@ -47,6 +57,7 @@ class NodeContext:
         tmp_socket: socket.socket | None = None,
         tensorboard_url: str = "",
         reporter: Callable[[dict[str, Any]], None] | None = None,
+        gpus: Sequence[str] | None = None,
     ) -> None:
         self.executor_id = executor_id
         self.worker_num = executor_id
@@ -60,6 +71,9 @@ class NodeContext:
         self.tmp_socket = tmp_socket
         self.tensorboard_url = tensorboard_url
         self._reporter = reporter
+        #: the GPU addresses this node's TF process was given (its ``CUDA_VISIBLE_DEVICES`` unless
+        #: passed in); [] = the CPU. Chosen by the supervisor (README, "GPUs").
+        self.gpus: list[str] = list(gpus) if gpus is not None else _visible_gpus()
 
     @property
     def is_chief(self) -> bool:
@@ -133,5 +147,5 @@ class NodeContext:
     def __repr__(self) -> str:
         return (
             f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
-            f"task_index={self.task_index}, num_workers={self.num_workers})"
+            f"task_index={self.task_index}, num_workers={self.num_workers}, gpus={self.gpus})"
         )

@@ -29,6 +29,7 @@ from ..executor.host import bind_address, remove_scratch
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import remove_unix_socket
 from .context import NodeContext
+from .hints import hint_for
 from .report import Reporter
 
 _status_lock = threading.Lock()  # several threads emit (main, feed-server threads, reporter)
@@ -160,8 +161,11 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
         )
         try:
             map_fun(tf_args, ctx)
-        except BaseException:
+        except BaseException as exc:
             text = traceback.format_exc()
+            hint = hint_for(exc)
+            if hint:
+                text += f"Hint: {hint}\n"
             sys.stderr.write(text)
             _emit(status, "error", traceback=text)
             return 1

@@ -1,0 +1,85 @@
+"""A line that names the fix, for the known ways TFoS-era code fails on today's TF/Keras/numpy.
+
+Appended to the traceback a failing ``map_fun`` reports, so it reaches the driver's error
+(``NodeFailed``) as the last line of the node's traceback tail.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator, Mapping
+
+__all__ = ["hint_for"]
+
+_KERAS3_MWMS = (
+    "Keras 3 cannot run model.fit under MultiWorkerMirroredStrategy on this TensorFlow. Fix: pip install "
+    "'tfonspark[tfos]' (tf_keras) and start the cluster with TFCluster.run or legacy_keras='on' "
+    "(Keras 2, TF_USE_LEGACY_KERAS=1), or train with tfonspark.keras.fit (Keras 3)."
+)
+_DRIVER_KERAS3 = (
+    "Keras 3 code raised this on a node that runs Keras 2 (TF_USE_LEGACY_KERAS=1): Keras 3 classes "
+    "were imported on the driver (e.g. 'from tensorflow.keras import Sequential' at module level) and "
+    "map_fun carried them along, next to the node's tf.keras (Keras 2). Fix: set TF_USE_LEGACY_KERAS=1 "
+    "in the driver's environment before TensorFlow is imported, or import tf.keras inside map_fun."
+)
+_NO_TF_KERAS = (
+    "TF_USE_LEGACY_KERAS=1 asks for Keras 2 but tf_keras is not installed in the executors' Python. "
+    "Fix: pip install 'tfonspark[tfos]', or set spark.tfonspark.legacyKeras=off for Keras 3."
+)
+_NO_ESTIMATOR = (
+    "tensorflow_estimator was removed with tf.estimator in TensorFlow 2.16. TFCluster.run provides its "
+    "export_lib.get_timestamped_export_dir for TFoS programs; elsewhere use "
+    "os.path.join(export_dir, str(int(time.time())))."
+)
+_NP_ALIAS = (
+    "numpy 1.24 removed the aliases np.int, np.float, np.bool and np.object (TFoS-era code uses them). "
+    "Fix: use int, float, bool, object or np.int64/np.float64 instead."
+)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _hint(exc: BaseException, legacy: bool) -> str:
+    text = str(exc)
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "tensorflow_estimator":
+        return _NO_ESTIMATOR
+    if isinstance(exc, ImportError) and legacy and ("tf_keras" in text or "Keras cannot be imported" in text):
+        return _NO_TF_KERAS
+    aliases = ("'int'", "'float'", "'bool'", "'object'", "'str'", "'long'")
+    if (
+        isinstance(exc, AttributeError)
+        and "module 'numpy' has no attribute" in text
+        and any(a in text for a in aliases)
+    ):
+        return _NP_ALIAS
+    if legacy and _raised_in_keras3(exc):
+        return _DRIVER_KERAS3
+    if isinstance(exc, ValueError) and not legacy and ("PerReplica" in text or "Invalid reduction dimension" in text):
+        return _KERAS3_MWMS
+    return ""
+
+
+def _raised_in_keras3(exc: BaseException) -> bool:
+    """Whether Keras 3's own code (``keras/src/``) is on ``exc``'s traceback."""
+    return any(
+        f"{os.sep}keras{os.sep}src{os.sep}" in frame.filename for frame in traceback.extract_tb(exc.__traceback__)
+    )
+
+
+def hint_for(exc: BaseException, environ: Mapping[str, str] | None = None) -> str:
+    """The fix for ``exc`` (or an exception it was raised from), or ``""`` if it is not a known case."""
+    environ = os.environ if environ is None else environ
+    legacy = environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+    for link in _chain(exc):
+        found = _hint(link, legacy)
+        if found:
+            return found
+    return ""
