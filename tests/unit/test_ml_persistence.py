@@ -314,3 +314,12 @@ def test_allow_pickle_is_per_thread_and_nests():
             assert not p.pickle_allowed()
         assert p.pickle_allowed()
     assert seen == [False] and not p.pickle_allowed()
+
+
+def test_the_tfos_face_estimator_loads_as_itself(tmp_path, no_unpickling):
+    from tfonspark import pipeline
+
+    pipeline.TFEstimator(_train, {"lr": 0.1}).save(str(tmp_path / "tfos"))
+    loaded = pipeline.TFEstimator.load(str(tmp_path / "tfos"))
+    assert type(loaded) is pipeline.TFEstimator and loaded._tfos_face  # still runs its nodes on Keras 2
+    assert loaded.train_fn is _train and loaded.args.lr == 0.1
