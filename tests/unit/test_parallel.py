@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tfonspark import TFParallel
@@ -32,3 +34,40 @@ def test_too_many_instances_fail_after_the_wait_naming_the_settings(monkeypatch)
     with pytest.raises(ConfigError, match=r"2 instances but the cluster has 1 task slots after waiting") as info:
         TFParallel.run(FakeSparkContext(), _instance, None, 2, use_barrier=False, reservation_timeout=0.2)
     assert "reservation_timeout=0.2s" in str(info.value) and "spark.executor.instances" in str(info.value)
+
+
+def _gpus_seen(args, ctx):
+    return ctx.task_index, ctx.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def _fake_smi(bin_dir, count: int, busy: tuple[int, ...]) -> None:
+    listing = "".join(f"{i}, GPU-{i}\\n" for i in range(count))
+    busy_text = "".join(f"GPU-{i}\\n" for i in busy)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f"  *--query-gpu=index,uuid*) printf '{listing}' ;;\n"
+        f"  *--query-compute-apps=gpu_uuid*) printf '{busy_text}' ;;\n"
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+
+
+def test_instances_take_free_gpus_by_index_and_the_worker_environment_is_restored(monkeypatch, tmp_path):
+    _fake_smi(tmp_path, count=4, busy=(1,))
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(jobs, "task_slots", lambda sc: 2)
+    results = TFParallel.run(FakeSparkContext(), _gpus_seen, {"num_gpus": 1}, 2, use_barrier=False)
+    assert sorted(results) == [(0, ["0"], "0"), (1, ["2"], "2")]  # GPU 1 is busy: disjoint free ones
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # the Spark Python worker runs other tasks next
+
+
+def test_without_gpus_instances_run_on_the_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    monkeypatch.setattr(jobs, "task_slots", lambda sc: 1)
+    assert TFParallel.run(FakeSparkContext(), _gpus_seen, {}, 1, use_barrier=False) == [(0, [], "")]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
