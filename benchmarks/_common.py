@@ -308,6 +308,18 @@ _KINDS = (
 )
 
 
+def drain_columns(args: dict[str, Any], ctx: Any) -> NodeCounter:
+    """tfonspark's consumer in every benchmark: drain columnar batches until the feed ends, counting
+    rows in a :class:`NodeCounter` (``args``: ``dir`` of the counters, ``batch`` rows per read)."""
+    counter = NodeCounter(args["dir"], ctx.task_index)
+    feed = ctx.get_data_feed(train_mode=True)
+    while True:
+        batch = feed.next_columns(args["batch"])
+        if batch is None:
+            return counter
+        counter.add(batch.count)
+
+
 def _kind(proc: Any) -> str:
     """What a process of the run is (TFoS's TF processes are forks of Python workers)."""
     cmd = " ".join(proc.cmdline())

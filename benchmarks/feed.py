@@ -171,14 +171,7 @@ def _min_cpu(fn: Any) -> float:
 # ---- the TF-side consumers (identical work: drain, count) -----------------------------------------
 def consume_tfonspark(args: dict[str, Any], ctx: Any) -> None:
     """tfonspark ``map_fun``: drain columnar batches until the feed ends, counting rows."""
-    counter = c.NodeCounter(args["dir"], ctx.task_index)
-    feed = ctx.get_data_feed(train_mode=True)
-    while True:
-        batch = feed.next_columns(args["batch"])
-        if batch is None:
-            break
-        counter.add(batch.count)
-    counter.hold()  # stay alive until the driver has read this process's CPU time
+    c.drain_columns(args, ctx).hold()  # stay alive until the driver has read this process's CPU time
 
 
 def consume_tfos(args: dict[str, Any], ctx: Any) -> None:

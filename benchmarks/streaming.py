@@ -42,17 +42,6 @@ TIMEOUT = 600.0
 SCHEMA = "features array<float>, label long"
 
 
-def consume(args: dict[str, Any], ctx: Any) -> None:
-    """tfonspark ``map_fun``: drain columnar batches until the feed ends, counting rows."""
-    counter = c.NodeCounter(args["dir"], ctx.task_index)
-    feed = ctx.get_data_feed(train_mode=True)
-    while True:
-        batch = feed.next_columns(args["batch"])
-        if batch is None:
-            break
-        counter.add(batch.count)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="tabular", choices=sorted(c.SHAPES), help="row shape (default tabular)")
@@ -88,7 +77,7 @@ class Bench:
         self.samples: dict[str, list[c.Sample]] = {v: [] for v in VARIANTS}
         self.cluster = tfonspark.run(
             spark.sparkContext,
-            consume,
+            c.drain_columns,
             {"dir": self.counters.dir, "batch": opts.batch},
             2,
             input_mode=InputMode.SPARK,

@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tfonspark.testing import fake_nvidia_smi
+
 if __name__ != "__main__":  # pytest imports us; as the subprocess's script we are __main__, pickled by value
     from .conftest import by_value
 
@@ -51,21 +53,6 @@ def _executable(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
-
-
-def fake_nvidia_smi(bin_dir: Path, count: int, busy: tuple[int, ...]) -> Path:
-    """``nvidia-smi`` answering the two queries tfonspark makes (tfonspark/executor/gpus.py)."""
-    listing = "".join(f"{i}, GPU-{i:04d}-uuid\\n" for i in range(count))
-    busy_text = "".join(f"GPU-{i:04d}-uuid\\n" for i in busy)
-    return _executable(
-        bin_dir / "nvidia-smi",
-        "#!/bin/sh\n"
-        'case "$*" in\n'
-        f"  *--query-gpu=index,uuid*) printf '{listing}' ;;\n"
-        f"  *--query-compute-apps=gpu_uuid*) printf '{busy_text}' ;;\n"
-        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;\n'
-        "esac\n",
-    )
 
 
 # ---- what runs in the subprocess ---------------------------------------------------------------

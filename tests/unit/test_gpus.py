@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import stat
 import subprocess
 import types
 from pathlib import Path
@@ -19,7 +18,7 @@ import tfonspark
 from tfonspark.config import NodeConfig
 from tfonspark.errors import ConfigError, NodeFailed
 from tfonspark.executor import gpus
-from tfonspark.testing import FakeSparkContext, LocalLauncher
+from tfonspark.testing import FakeSparkContext, LocalLauncher, fake_nvidia_smi
 from tfonspark.tfprocess.context import NodeContext
 
 SPEC_ONE_HOST = {"worker": ["10.0.0.1:5000", "10.0.0.1:5001"]}
@@ -315,23 +314,6 @@ def test_ctx_gpus_from_cuda_visible_devices(monkeypatch, value, expected):
 
 
 # ---- real supervisors and TF processes (LocalLauncher: no Spark, so no Spark GPUs) ------------
-def fake_nvidia_smi(bin_dir: Path, count: int, busy: tuple[int, ...]) -> Path:
-    """A ``nvidia-smi`` script for PATH answering gpus.py's two queries."""
-    listing = "".join(f"{i}, GPU-{i:04d}-uuid\\n" for i in range(count))
-    busy_text = "".join(f"GPU-{i:04d}-uuid\\n" for i in busy)
-    script = bin_dir / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        'case "$*" in\n'
-        f"  *--query-gpu=index,uuid*) printf '{listing}' ;;\n"
-        f"  *--query-compute-apps=gpu_uuid*) printf '{busy_text}' ;;\n"
-        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;\n'
-        "esac\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return script
-
-
 def write_gpus(args: dict, ctx) -> None:
     import json
     import os

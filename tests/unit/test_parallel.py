@@ -9,7 +9,7 @@ import pytest
 from tfonspark import TFParallel
 from tfonspark.driver import jobs
 from tfonspark.errors import ConfigError
-from tfonspark.testing import FakeSparkContext
+from tfonspark.testing import FakeSparkContext, fake_nvidia_smi
 
 
 def _instance(args, ctx):
@@ -40,23 +40,8 @@ def _gpus_seen(args, ctx):
     return ctx.task_index, ctx.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def _fake_smi(bin_dir, count: int, busy: tuple[int, ...]) -> None:
-    listing = "".join(f"{i}, GPU-{i}\\n" for i in range(count))
-    busy_text = "".join(f"GPU-{i}\\n" for i in busy)
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(
-        "#!/bin/sh\n"
-        'case "$*" in\n'
-        f"  *--query-gpu=index,uuid*) printf '{listing}' ;;\n"
-        f"  *--query-compute-apps=gpu_uuid*) printf '{busy_text}' ;;\n"
-        "  *) exit 2 ;;\n"
-        "esac\n"
-    )
-    smi.chmod(0o755)
-
-
 def test_instances_take_free_gpus_by_index_and_the_worker_environment_is_restored(monkeypatch, tmp_path):
-    _fake_smi(tmp_path, count=4, busy=(1,))
+    fake_nvidia_smi(tmp_path, count=4, busy=(1,))
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(jobs, "task_slots", lambda sc: 2)

@@ -1,7 +1,7 @@
 """Reusable test helpers: real Spark masters for tests and demos, and a cluster without Spark."""
 
 from .driver import FakeDriver
-from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher
+from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher, fake_nvidia_smi
 from .spark import SparkManager, StandaloneCluster, spark_conf, spark_home
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LocalLauncher",
     "SparkManager",
     "StandaloneCluster",
+    "fake_nvidia_smi",
     "spark_conf",
     "spark_home",
 ]

@@ -6,14 +6,16 @@ supervisors and TF processes from threads of the test process: everything but Sp
 
 from __future__ import annotations
 
+import stat
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ..driver.launcher import LocalLauncher
 
-__all__ = ["FakeAccumulator", "FakeRDD", "FakeSparkContext", "LocalLauncher"]
+__all__ = ["FakeAccumulator", "FakeRDD", "FakeSparkContext", "LocalLauncher", "fake_nvidia_smi"]
 
 
 class FakeAccumulator:
@@ -100,3 +102,25 @@ class FakeSparkContext:
         rows = list(data)
         n = max(1, numSlices or 1)
         return FakeRDD([rows[len(rows) * i // n : len(rows) * (i + 1) // n] for i in range(n)])
+
+
+def fake_nvidia_smi(bin_dir: Path, count: int, busy: tuple[int, ...] = ()) -> Path:
+    """Write ``bin_dir/nvidia-smi``, a script answering the two queries of :mod:`tfonspark.executor.gpus`
+    for a host of ``count`` GPUs (``GPU-0000-uuid``...) of which ``busy`` run a compute process.
+
+    Put ``bin_dir`` first on ``PATH`` (of the test, or of the executors) to drive the nvidia-smi
+    fallback without GPUs; any other arguments make it fail, saying so.
+    """
+    listing = "".join(f"{i}, GPU-{i:04d}-uuid\\n" for i in range(count))
+    busy_text = "".join(f"GPU-{i:04d}-uuid\\n" for i in busy)
+    script = Path(bin_dir) / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f"  *--query-gpu=index,uuid*) printf '{listing}' ;;\n"
+        f"  *--query-compute-apps=gpu_uuid*) printf '{busy_text}' ;;\n"
+        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;\n'
+        "esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return script
