@@ -31,29 +31,25 @@ def export_saved_model(model: Any, export_dir: str | bytes | os.PathLike[str], i
     ``dense_1``). ``export_dir`` may be bytes, as ``get_timestamped_export_dir`` returns it.
     """
     from .distribute.checkpoint import export_saved_model as export
-    from .distribute.strategies import task_info_of
+    from .distribute.strategies import keras_flavor, task_info_of
 
     path = os.fsdecode(export_dir)
+    tf_keras = keras_flavor(model) == "tf_keras"
     strategy = getattr(model, "_distribute_strategy", None)
-    if strategy is not None:
-        is_chief = task_info_of(strategy).is_chief
-    if not _is_tf_keras(model) and strategy is not None:
+    if strategy is not None and not tf_keras:
         export(model, path)  # every worker saves, the strategy's chief keeps it
         return
+    if strategy is not None:
+        is_chief = task_info_of(strategy).is_chief
     target = path if is_chief else tempfile.mkdtemp(prefix="tfonspark-worker-model-")
     try:
-        if _is_tf_keras(model):
+        if tf_keras:
             model.save(target, save_format="tf")
         else:
             export(model, target, is_chief=True)
     finally:
         if not is_chief:
             shutil.rmtree(target, ignore_errors=True)
-
-
-def _is_tf_keras(model: Any) -> bool:
-    """A Keras 2 model (``tf_keras``, what ``tf.keras`` is under ``TF_USE_LEGACY_KERAS=1``)."""
-    return type(model).__module__.split(".")[0] == "tf_keras"
 
 
 def disable_auto_shard(options: Any) -> None:

@@ -59,32 +59,32 @@ def _installed(*names):
 
 def test_keras_2_is_switched_on_where_tf_keras_is_installed():
     env: dict[str, str] = {}
-    tfos_env.prepare(_config(legacy_keras="auto"), env, _installed("tf_keras"))
+    env.update(tfos_env.env_changes(_config(legacy_keras="auto"), env, _installed("tf_keras")))
     assert env == {"TF_USE_LEGACY_KERAS": "1"}
     env = {}
-    tfos_env.prepare(_config(legacy_keras="auto"), env, _installed())
+    env.update(tfos_env.env_changes(_config(legacy_keras="auto"), env, _installed()))
     assert env == {}  # auto without tf_keras: Keras 3 (the driver said so)
 
 
 def test_keras_2_asked_for_without_tf_keras_names_the_fix():
     with pytest.raises(ConfigError, match=r"tfonspark\[tfos\].*legacyKeras=off"):
-        tfos_env.prepare(_config(legacy_keras="on"), {}, _installed())
+        tfos_env.env_changes(_config(legacy_keras="on"), {}, _installed())
 
 
 def test_keras_3_leaves_the_users_own_variable_alone():
     env = {"TF_USE_LEGACY_KERAS": "1"}
-    tfos_env.prepare(_config(), env, _installed("tf_keras"))
+    env.update(tfos_env.env_changes(_config(), env, _installed("tf_keras")))
     assert env == {"TF_USE_LEGACY_KERAS": "1"}
 
 
 def test_the_estimator_stand_in_goes_last_on_the_path_and_only_where_none_is_installed():
     env = {"PYTHONPATH": "/user/libs"}
-    tfos_env.prepare(_config(tfos_face=True), env, _installed())
+    env.update(tfos_env.env_changes(_config(tfos_face=True), env, _installed()))
     assert env["PYTHONPATH"].split(os.pathsep) == ["/user/libs", tfos_env.SHIMS_DIR]
     env = {}
-    tfos_env.prepare(_config(tfos_face=True), env, _installed("tensorflow_estimator"))
+    env.update(tfos_env.env_changes(_config(tfos_face=True), env, _installed("tensorflow_estimator")))
     assert env == {}
-    tfos_env.prepare(_config(tfos_face=False), env, _installed())
+    env.update(tfos_env.env_changes(_config(tfos_face=False), env, _installed()))
     assert env == {}
 
 

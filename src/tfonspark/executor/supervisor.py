@@ -58,6 +58,7 @@ class Supervisor:
         self.config = config
         self.executor_id = executor_id
         self.gpus = gpus
+        self.keras_env: dict[str, str] = {}  # executor/tfos_env.py's variables for the TF process
         self.payload = payload
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopping = False
@@ -97,7 +98,9 @@ class Supervisor:
             self.gpus = assign_gpus(
                 self.gpus, self.config.num_gpus, reply.cluster_spec, reply.job_name, reply.task_index, os.environ
             )
-            tfos_env.prepare(self.config, {})  # legacy_keras=on without tf_keras: fail here, saying why
+            self.keras_env = tfos_env.env_changes(
+                self.config, os.environ
+            )  # legacy_keras=on without tf_keras fails here
         except ConfigError as exc:
             return self._cannot_start(conn, exc)
         status_r, status_w = os.pipe()
@@ -166,7 +169,7 @@ class Supervisor:
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
         env["PYTHONUNBUFFERED"] = "1"
-        tfos_env.prepare(self.config, env)  # Keras 2 / TFoS import shims, where asked for
+        env.update(self.keras_env)  # Keras 2 / TFoS import shims, where asked for
         env.update(cuda_env(self.gpus, env))  # CUDA_VISIBLE_DEVICES="" on the CPU: TF must not take every GPU
         header = {
             "config": self.config.to_json(),

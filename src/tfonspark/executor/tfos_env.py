@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config import NodeConfig
 from ..errors import ConfigError
 
-__all__ = ["LEGACY_KERAS_ENV", "SHIMS_DIR", "prepare"]
+__all__ = ["LEGACY_KERAS_ENV", "SHIMS_DIR", "env_changes"]
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 SHIMS_DIR = str(Path(__file__).resolve().parent.parent / "_tfos_shims")
@@ -29,14 +29,18 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def prepare(config: NodeConfig, env: MutableMapping[str, str], installed: Callable[[str], Any] = _installed) -> None:
-    """Add the Keras 2 switch and the TFoS import shims to ``env`` (the TF process's environment).
+def env_changes(
+    config: NodeConfig, environ: Mapping[str, str], installed: Callable[[str], Any] = _installed
+) -> dict[str, str]:
+    """The variables to add to ``environ`` (the TF process's environment): the Keras 2 switch and the
+    TFoS import shims, where asked for (as :func:`tfonspark.executor.gpus.cuda_env` gives the GPUs).
 
     Raises ConfigError when ``legacy_keras`` is ``"on"`` and ``tf_keras`` is not installed here.
     """
+    changes = {}
     if config.legacy_keras:
         if installed("tf_keras"):
-            env[LEGACY_KERAS_ENV] = "1"
+            changes[LEGACY_KERAS_ENV] = "1"
         elif config.legacy_keras == "on":
             raise ConfigError(
                 f"legacy_keras=on needs tf_keras in the executors' Python ({sys.executable}), and it is not "
@@ -44,5 +48,6 @@ def prepare(config: NodeConfig, env: MutableMapping[str, str], installed: Callab
                 "or set spark.tfonspark.legacyKeras=off to use Keras 3"
             )
     if config.tfos_face and not installed("tensorflow_estimator"):
-        path = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, SHIMS_DIR) if p)  # last: real packages win
+        path = environ.get("PYTHONPATH", "")
+        changes["PYTHONPATH"] = os.pathsep.join(p for p in (path, SHIMS_DIR) if p)  # last: real packages win
+    return changes
