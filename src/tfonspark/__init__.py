@@ -12,6 +12,7 @@ from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
 from .driver.reports import Report
+from .driver.restarts import Restart
 from .driver.stopping import request_stop
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
@@ -24,6 +25,7 @@ __all__ = [
     "InputMode",
     "NodeContext",
     "Report",
+    "Restart",
     "TFCluster",
     "TFManager",
     "TFNode",

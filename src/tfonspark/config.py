@@ -52,6 +52,7 @@ class NodeConfig:
     legacy_keras: str = ""
     tfos_face: bool = False  # started by the TFoS face (TFCluster.run, pipeline.TFEstimator)
     num_gpus: int | None = None  # tf_args.num_gpus (executor/gpus.py); None = not given
+    attempt: int = 0  # 0 for the first start of the cluster, n after the driver's n-th restart (ctx.attempt)
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
@@ -64,6 +65,8 @@ class NodeConfig:
             raise ConfigError(f"legacy_keras must be '', 'auto' or 'on'. Received: {self.legacy_keras!r}")
         if self.num_gpus is not None and (isinstance(self.num_gpus, bool) or self.num_gpus < 0):
             raise ConfigError(f"num_gpus must be None or a whole number >= 0. Received: {self.num_gpus!r}")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:
+            raise ConfigError(f"attempt must be a whole number >= 0. Received: {self.attempt!r}")
         if len(self.secret_hex) < 32:
             raise ConfigError("the cluster secret is too short")
         for name in _SHIPPED_SETTINGS:

@@ -102,6 +102,8 @@ class NodeFailed(ClusterError):
     """TensorFlow nodes failed; ``role``/``index`` name the first, ``traceback`` holds its last lines.
 
     ``failures`` maps every failed node (``"worker:1"``) to its traceback tail (or how it ended).
+    ``attempts`` holds one line per failed attempt of a cluster that was restarted
+    (``max_restarts``), oldest first; the last is this failure.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class NodeFailed(ClusterError):
         exit_code: int | None = None,
         traceback: str = "",
         failures: dict[str, str] | None = None,
+        attempts: list[str] | None = None,
     ) -> None:
         first = f"{role}:{index}"
         failures = dict(failures) if failures else ({first: traceback} if traceback else {})
@@ -126,6 +129,7 @@ class NodeFailed(ClusterError):
         self.exit_code = exit_code
         self.traceback = traceback
         self.failures = failures
+        self.attempts = list(attempts) if attempts else []
 
 
 class ShutdownTimeout(ClusterError, TimeoutError):

@@ -9,8 +9,9 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, FeedError, FeedTimeout, NodeFailed, ReservationTimeout, ShutdownTimeout
@@ -22,14 +23,16 @@ from .launcher import Launcher, LaunchHandle, LocalLauncher, SparkLauncher
 from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
 from .reports import Report, ReportLog
+from .restarts import Restart, check_max_restarts, exhausted, log_restart
 from .stopping import StopFile, write_stop_file
 from .streaming import Streams, is_dstream, is_streaming_df
 
-__all__ = ["SPARK_SETTINGS", "Cluster"]
+__all__ = ["SPARK_SETTINGS", "Cluster", "Reform"]
 
 log = logging.getLogger(__name__)
 _TAIL_LINES = 40
 _SETTLE_SECS = 1.0  # how long other nodes get to report their own failure
+_T = TypeVar("_T")
 SPARK_SETTINGS = (
     "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
 )
@@ -50,6 +53,10 @@ def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
         how = f"failed with exit code {code}"
     tail = node.exit.traceback.strip() or node.exit.output_tail.strip()
     return how, code, "\n".join(tail.splitlines()[-_TAIL_LINES:])
+
+
+#: makes the next attempt's rendezvous server and node config (a fresh port and secret, ``attempt`` n)
+Reform = Callable[[int], "tuple[RendezvousServer, NodeConfig]"]
 
 
 def node_failed(failed: list[NodeState]) -> NodeFailed:
@@ -94,6 +101,10 @@ class Cluster:
         input_mode: InputMode,
         reports: ReportLog | None = None,
         launcher: Launcher | None = None,
+        *,
+        max_restarts: int = 0,
+        reform: Reform | None = None,
+        reserve: Callable[[], None] | None = None,
     ) -> None:
         self.sc = sc
         self.roles = roles
@@ -108,6 +119,19 @@ class Cluster:
         self.report_log = reports or ReportLog()
         self.streams = Streams(self.feeds, self, label=self.cluster_id[:8])
         self.failure: NodeFailed | None = None  # the node failure that tore the cluster down
+        self.max_restarts = check_max_restarts(max_restarts)
+        if self.max_restarts and reform is None:
+            raise ConfigError("max_restarts > 0 needs a way to re-form the cluster (tfonspark.run passes one)")
+        self.restart_log: list[Restart] = []  # one record per restart, oldest first
+        self._reform = reform
+        self._reserve = reserve  # waits for the executors a (barrier) node job needs
+        self._causes: list[NodeFailed] = []  # each failed attempt's error, oldest first
+        self._payload = b""
+        self._seen_at = 0.0  # time.time() when check() saw the last failure
+        self._teardown_s = 0.0  # how long tearing down after it took
+        self._phases = (0.0, 0.0)  # the last start: seconds to every node registered, then up
+        self._failed_at = 0.0  # time.time() when the first failed node of the last failure was seen
+        self._epochs_read: dict[tuple[str, str], int] = {}  # (train feed, node) -> last epoch read through
         self._stop_files: list[str] = []
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
@@ -129,26 +153,29 @@ class Cluster:
     # ---- failure handling ------------------------------------------------------------------
     def _watch(self) -> None:
         """Follow node events; on a node failure or a stalled feed, cancel the feed jobs at once."""
-        seen = 0
+        server, seen = self.server, 0  # this attempt's server: a restart gives the next its own watcher
         while True:
-            self.server.wait_for(functools.partial(self._new_events, seen), None)
-            events = self.server.events_since(seen)
+            server.wait_for(functools.partial(self._new_events, server, seen), None)
+            events = server.events_since(seen)
             seen += len(events)
             for node, event in events:
                 self._on_event(node, event)
-            if self.server.failures() or self._closed or self.server.closed:
+            if server.failures() or self._closed or server.closed:
                 break
-        if self.server.failures():
+        if server.failures():
             self.feeds.cancel()
 
-    def _new_events(self, seen: int, nodes: Iterable[NodeState]) -> bool:
-        return self._closed or len(self.server.events) > seen
+    def _new_events(self, server: RendezvousServer, seen: int, nodes: Iterable[NodeState]) -> bool:
+        return self._closed or len(server.events) > seen
 
     def _on_event(self, node: NodeState, event: m.NodeEvent) -> None:
         if event.kind == "report" and isinstance(event.detail, dict):
             self.report_log.add(node.role.job_name, node.role.task_index, event.detail)
         elif event.kind == "feed_stalled":
             self._on_stall(node, event.detail)
+        elif event.kind == "epoch_read":
+            key = (str(event.detail.get("feed_id", "")), node.role.name)
+            self._epochs_read[key] = max(self._epochs_read.get(key, -1), int(event.detail.get("epoch", -1)))
         else:
             log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
 
@@ -166,17 +193,96 @@ class Cluster:
         """Raise NodeFailed (after tearing the cluster down) naming every node that has failed."""
         failed = self.server.failures()
         if failed:
-            # nodes often fail together (one bad input, a lost peer): give the others a moment to
-            # report, so the error names all of them and not only the fastest
-            if not self._closed:
+            if not self._closed:  # the first to see it: time it, let the others report, tear down
+                self._seen_at = time.time()
+                self._failed_at = min((n.finished_at for n in failed if n.finished_at), default=self._seen_at)
+                # nodes often fail together (one bad input, a lost peer): give the others a moment
+                # to report, so the error names all of them and not only the fastest
                 self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
-            failed = self.server.failures() or failed
-            self._teardown(grace_secs=0)
+                failed = self.server.failures() or failed
+                started = time.monotonic()
+                self._teardown(grace_secs=0)
+                self._teardown_s = time.monotonic() - started
             self.failure = error = node_failed(failed)
             raise error
 
     def _launch_error(self) -> BaseException | None:
         return next((h.error for h in self.launches if h.done.is_set() and h.error is not None), None)
+
+    # ---- restarts (max_restarts) -------------------------------------------------------------
+    @property
+    def restarts(self) -> int:
+        """How many times the cluster was restarted after a node failure (see ``restart_log``)."""
+        return len(self.restart_log)
+
+    @property
+    def attempt(self) -> int:
+        """The running attempt: 0 until the first restart (the nodes' ``ctx.attempt``)."""
+        return self.config.attempt
+
+    def _attempts(self, action: Callable[[], _T]) -> _T:
+        """``action()``; after a node failure, restart the cluster and call it again while restarts last."""
+        while True:
+            try:
+                return action()
+            except NodeFailed as error:
+                self._restart(error)
+
+    def _restartable(self) -> bool:
+        return self._reform is not None and not (self.streams.queries or self.streams.contexts)
+
+    def _restart(self, error: NodeFailed) -> None:
+        """Start the next attempt after ``error`` (the cluster is torn down), or raise, naming every attempt."""
+        self._causes.append(error)
+        while len(self._causes) <= self.max_restarts and self._restartable():
+            attempt = len(self._causes)
+            log_restart(self._causes[-1], attempt, self.max_restarts)
+            record = Restart(
+                attempt,
+                self._causes[-1],
+                self._failed_at,
+                detect_s=max(self._seen_at - self._failed_at, 0.0),
+                teardown_s=self._teardown_s,
+            )
+            self.restart_log.append(record)
+            try:
+                self._start_attempt(attempt, record)
+                return
+            except NodeFailed as again:
+                self._causes.append(again)
+        self.failure = exhausted(self._causes, self.max_restarts)
+        raise self.failure from None
+
+    def _start_attempt(self, attempt: int, record: Restart) -> None:
+        """A fresh rendezvous server and secret, executors reserved again, ``map_fun`` started again."""
+        assert self._reform is not None
+        started = time.monotonic()
+        self.server, self.config = self._reform(attempt)
+        self.feeds.secret_hex = self.config.secret_hex
+        self.launches = []
+        self.failure = None
+        self._closed = False
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
+        try:
+            if self._reserve is not None:
+                self._reserve()
+        except BaseException:
+            self._teardown(grace_secs=0)
+            raise
+        reserved = time.monotonic() - started
+        self._start(self._payload)
+        record.reserve_s = reserved + self._phases[0]
+        record.startup_s = self._phases[1]
+        record.total_s = time.time() - record.failed_at
+        log.info(
+            "TensorFlow cluster restarted (attempt %d): %.1fs after the failure (teardown %.1fs, "
+            "reservation %.1fs, start-up %.1fs)",
+            attempt,
+            record.total_s,
+            record.teardown_s,
+            record.reserve_s,
+            record.startup_s,
+        )
 
     # ---- start-up --------------------------------------------------------------------------
     def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
@@ -198,6 +304,14 @@ class Cluster:
                 required=len(self.roles),
             )
 
+    def _begin(self, payload: bytes) -> None:
+        """Start the nodes; a node failing while they start uses a restart like any other failure."""
+        self._payload = payload
+        try:
+            self._start(payload)
+        except NodeFailed as error:
+            self._restart(error)  # which starts the next attempt, or raises
+
     def _start(self, payload: bytes) -> None:
         self._watcher.start()
         on_driver = [r.executor_id for r in self.roles if r.on_driver]
@@ -208,8 +322,11 @@ class Cluster:
         on_spark = [r.executor_id for r in self.roles if not r.on_driver]
         self.launches.append(self.launcher.launch(self.config, payload, on_spark, self.server.notify))
         timeout = self.config.reservation_timeout
+        started = time.monotonic()
         self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
+        registered = time.monotonic()
         self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
+        self._phases = (registered - started, time.monotonic() - registered)
         self.cluster_info = [self._info(n) for n in self.server.nodes.values()]
 
     @staticmethod
@@ -258,7 +375,79 @@ class Cluster:
         given = sorted(k for k, v in options.items() if v is not None)
         if given:
             raise ConfigError(f"{', '.join(given)} apply to a streaming DataFrame. Received: {type(data).__name__}")
+        if self.max_restarts:
+            return self._train_epochs(data, num_epochs, feed_timeout, qname)
         return self.feeds.train(data, num_epochs, feed_timeout, qname, label=self.cluster_id[:8])
+
+    def _train_epochs(self, data: Any, num_epochs: int, feed_timeout: float, qname: str) -> int:
+        """``train`` of a restartable cluster: one feed job per epoch, each followed by its end mark.
+
+        After a restart the feed goes on from the first epoch that some data node had not read
+        through (its end mark not reached): completed epochs are never fed again.
+        """
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
+        feed_id, epoch = uuid.uuid4().hex[:12], 0
+        delivered: dict[int, int] = {}  # epoch -> rows its last feed delivered
+        try:
+            while True:
+                try:
+                    if epoch < num_epochs and not self.all_done():
+                        self.check()
+                        label = f"{self.cluster_id[:8]} epoch {epoch + 1}/{num_epochs}"
+                        delivered[epoch] = self.feeds.train(data, 1, feed_timeout, qname, label=label)
+                        self.feeds.mark_epoch(feed_id, epoch, qname)
+                        epoch += 1
+                        continue
+                    # fed is not read: a node failing on the rows still in its buffer needs them again
+                    self._await_read_through(feed_id, num_epochs - 1, feed_timeout)
+                    return sum(delivered.values())
+                except NodeFailed as error:
+                    read = self._read_through(feed_id)
+                    self._restart(error)
+                    epoch = self.restart_log[-1].refeed_epoch = read + 1
+                    log.info("re-feeding epochs %d-%d of %d after the restart", epoch + 1, num_epochs, num_epochs)
+        finally:
+            for key in [k for k in self._epochs_read if k[0] == feed_id]:
+                del self._epochs_read[key]
+
+    def _await_read_through(self, feed_id: str, epoch: int, timeout: float) -> None:
+        """Wait until every data node has read ``epoch`` of a train feed to its end (or has finished).
+
+        Gives up, with a warning, once no node has read an epoch mark or reported anything for
+        ``timeout`` seconds (a ``map_fun`` that stopped reading): the data was delivered.
+        """
+        names = {r.name for r in self.roles if r.job_name in DATA_ROLES}
+        server = self.server
+
+        def read(nodes: Iterable[NodeState]) -> bool:
+            done = {n.role.name for n in nodes if n.finished}
+            for node, event in server.events:
+                detail = event.detail
+                if event.kind == "epoch_read" and detail.get("feed_id") == feed_id and detail.get("epoch", -1) >= epoch:
+                    done.add(node.role.name)
+            return names <= done
+
+        progress = -1
+        while not server.wait_for(read, timeout):
+            self.check()
+            if len(server.events) == progress:
+                log.warning(
+                    "train(): the data nodes have not read the last epoch to its end after feed_timeout=%.0fs "
+                    "without progress; a node failing now restarts without it being fed again",
+                    timeout,
+                )
+                return
+            progress = len(server.events)
+        self.check()
+
+    def _read_through(self, feed_id: str) -> int:
+        """The last epoch of a train feed that every data node read to its end (-1: none); reset for the next attempt."""
+        names = [r.name for r in self.roles if r.job_name in DATA_ROLES]
+        read = min((self._epochs_read.get((feed_id, name), -1) for name in names), default=-1)
+        for name in names:
+            self._epochs_read[(feed_id, name)] = read
+        return read
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
         """Feed ``data`` to the nodes and return one result per input row, lazily.
@@ -345,7 +534,8 @@ class Cluster:
                 raise self.failure  # the stream's node failure, torn down while feeding a micro-batch
             return
         in_time, stream_error = self.streams.finish(ssc, max(deadline - time.monotonic(), 0))
-        self.check()
+        if not self._restartable():
+            self.check()  # else _wait_for_workers checks, and restarts
         if not in_time:
             self._teardown(grace_secs=0)
             self.streams.join(30)
@@ -354,11 +544,7 @@ class Cluster:
                 "been stopped. Request a stop (cluster.request_stop(), python -m tfonspark.stop) or raise "
                 "shutdown(timeout=...)."
             )
-        if self.input_mode == InputMode.SPARK:
-            self.feeds.close()
-        trainers = lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES)  # noqa: E731
-        done = self.server.wait_for(trainers, max(deadline - time.monotonic(), 0))
-        self.check()
+        done = self._attempts(lambda: self._wait_for_workers(deadline))
         if not done:
             self._teardown(grace_secs=0)
             raise ShutdownTimeout(
@@ -368,12 +554,29 @@ class Cluster:
             )
         # every chief/worker has exited, so there is nothing left to wait for: grace_secs is the
         # time ps/evaluator nodes get between SIGTERM and SIGKILL (TFoS slept it unconditionally)
-        self.check()
+        try:
+            self.check()
+        except NodeFailed as error:  # after the workers: nothing to restart for, but name every attempt
+            self._causes.append(error)
+            self.failure = exhausted(self._causes, self.max_restarts)
+            raise self.failure from None
         self._teardown(grace_secs=max(grace_secs, 2.0))
         self.streams.join(30)
         if stream_error is not None:
             reraise(stream_error)
             raise FeedError(f"the stream ended with an error: {summary(stream_error)}") from stream_error
+
+    def _wait_for_workers(self, deadline: float) -> bool:
+        """End the feed (SPARK mode) and wait for every chief/worker to exit; False at the deadline.
+
+        A restarted SPARK-mode cluster's nodes get the end of feed at once: its data was fed.
+        """
+        if self.input_mode == InputMode.SPARK:
+            self.feeds.close()
+        trainers = lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES)  # noqa: E731
+        done = self.server.wait_for(trainers, max(deadline - time.monotonic(), 0))
+        self.check()
+        return done
 
     def _teardown(self, grace_secs: float) -> None:
         """Stop every node, wait for their supervisors, cancel jobs, close the server."""

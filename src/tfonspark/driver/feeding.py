@@ -174,18 +174,25 @@ class Feeds:
 
     def close(self, qnames: tuple[str, ...] = ("input",)) -> None:
         """Tell every data node that no more data will come (their ``should_stop()`` turns True)."""
+        for qname in qnames:
+            self._tell_nodes(m.FeedClose(qname), "the end of feed")
+
+    def mark_epoch(self, feed_id: str, epoch: int, qname: str) -> None:
+        """After an epoch's feed job: queue its end mark on every data node (see ``Cluster.train``)."""
+        self._tell_nodes(m.FeedClose(qname, epoch=epoch, feed_id=feed_id), f"the end of epoch {epoch}")
+
+    def _tell_nodes(self, message: m.FeedClose, what: str) -> None:
         secret = bytes.fromhex(self.secret_hex)
         for target in self.nodes.targets():
-            for qname in qnames:
-                try:
-                    with connect((target.host, target.port), secret, timeout=10) as conn:
-                        m.send_message(conn, m.FeedClose(qname))
-                        conn.settimeout(30)
-                        m.recv_message(conn, m.Ack)
-                except TimeoutError as exc:  # before OSError: TimeoutError is an OSError
-                    raise FeedTimeout(f"node {target.name} did not accept the end of feed within 30s: {exc}") from exc
-                except OSError:
-                    pass  # the node already exited; shutdown() reports how it ended
+            try:
+                with connect((target.host, target.port), secret, timeout=10) as conn:
+                    m.send_message(conn, message)
+                    conn.settimeout(30)
+                    m.recv_message(conn, m.Ack)
+            except TimeoutError as exc:  # before OSError: TimeoutError is an OSError
+                raise FeedTimeout(f"node {target.name} did not accept {what} within 30s: {exc}") from exc
+            except OSError:
+                pass  # the node already exited; shutdown() reports how it ended
 
 
 def _spark_type(value: Any) -> Any:

@@ -21,6 +21,7 @@ from .launcher import Launcher, SparkLauncher
 from .plan import CHIEF_ROLES, plan_roles
 from .rendezvous import RendezvousServer
 from .reports import Report, ReportLog
+from .restarts import check_max_restarts
 
 __all__ = ["run"]
 
@@ -59,6 +60,7 @@ def run(
     heartbeat_timeout: float | None = None,
     collective: str | None = None,
     legacy_keras: bool | str | None = None,
+    max_restarts: int = 0,
     _tfos_face: bool = False,
 ) -> Cluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
@@ -69,6 +71,9 @@ def run(
     (default: logged at INFO on the ``tfonspark.report`` logger; all are in ``cluster.reports``).
     ``launcher`` starts the node supervisors (default: a Spark job, a barrier stage where
     possible); ``tfonspark.testing.LocalLauncher`` starts them without Spark, for tests.
+    ``max_restarts`` > 0: after a node fails, tear the cluster down, reserve the executors again
+    and start ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times
+    (README, "Surviving node loss").
 
     The keyword arguments from ``server_host`` on are the settings of :mod:`tfonspark.settings`
     (README, "Settings"): each one left at ``None`` is read from the Spark conf key
@@ -78,6 +83,7 @@ def run(
 
     if not callable(map_fun):
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
+    check_max_restarts(max_restarts)
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
     mode = InputMode(input_mode)
     num_gpus = requested_gpus(tf_args)  # TFoS's tf_args.num_gpus: how many GPUs each node takes
@@ -92,45 +98,66 @@ def run(
         "legacy_keras": legacy_keras,
     }
     resolved = settings.resolve(chosen, sc.getConf())
-    secret = new_secret()
     cluster_id = uuid.uuid4().hex
     heartbeat_secs = min(5.0, resolved.heartbeat_timeout / 4)
-    server = RendezvousServer(
-        cluster_id,
-        roles,
-        secret,
-        _driver_host(sc),
-        resolved.server_port,
-        bind_host=resolved.server_host or None,
-        heartbeat_secs=heartbeat_secs,
-        heartbeat_timeout=resolved.heartbeat_timeout,
-    )
-    config = NodeConfig(
-        cluster_id=cluster_id,
-        driver_host=server.address[0],
-        driver_port=server.address[1],
-        secret_hex=secret.hex(),
-        input_mode=mode,
-        tensorboard=tensorboard,
-        log_dir=log_dir,
-        release_port=release_port,
-        reservation_timeout=float(reservation_timeout),
-        default_fs=default_fs(sc),
-        chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-        heartbeat_secs=heartbeat_secs,
-        legacy_keras=_node_keras(resolved.legacy_keras, _tfos_face),
-        tfos_face=_tfos_face,
-        num_gpus=num_gpus,
-        **resolved.node_fields(),
-    )
+
+    def form(attempt: int) -> tuple[RendezvousServer, NodeConfig]:
+        """A rendezvous server with a fresh secret, and the nodes' config for ``attempt``."""
+        secret = new_secret()
+        server = RendezvousServer(
+            cluster_id,
+            roles,
+            secret,
+            _driver_host(sc),
+            resolved.server_port,
+            bind_host=resolved.server_host or None,
+            heartbeat_secs=heartbeat_secs,
+            heartbeat_timeout=resolved.heartbeat_timeout,
+        )
+        config = NodeConfig(
+            cluster_id=cluster_id,
+            driver_host=server.address[0],
+            driver_port=server.address[1],
+            secret_hex=secret.hex(),
+            input_mode=mode,
+            tensorboard=tensorboard,
+            log_dir=log_dir,
+            release_port=release_port,
+            reservation_timeout=float(reservation_timeout),
+            default_fs=default_fs(sc),
+            chief_job=master_node if master_node in CHIEF_ROLES else "worker",
+            heartbeat_secs=heartbeat_secs,
+            legacy_keras=keras,
+            tfos_face=_tfos_face,
+            num_gpus=num_gpus,
+            attempt=attempt,
+            **resolved.node_fields(),
+        )
+        return server, config
+
+    keras = _node_keras(resolved.legacy_keras, _tfos_face)
+    server, config = form(0)
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
-    cluster = Cluster(sc, roles, server, config, mode, reports=ReportLog(on_report), launcher=launcher)
+    needed = sum(1 for r in roles if not r.on_driver)
+    reserve = (lambda: _reserve_slots(sc, needed, float(reservation_timeout))) if use_barrier else None
+    cluster = Cluster(
+        sc,
+        roles,
+        server,
+        config,
+        mode,
+        reports=ReportLog(on_report),
+        launcher=launcher,
+        max_restarts=max_restarts,
+        reform=form,
+        reserve=reserve,
+    )
     try:
-        if use_barrier:
-            _reserve_slots(sc, sum(1 for r in roles if not r.on_driver), float(reservation_timeout))
+        if reserve is not None:
+            reserve()
         payload: bytes = cloudpickle.dumps((map_fun, tf_args))  # type: ignore[no-untyped-call]  # untyped in pyspark
-        cluster._start(payload)
+        cluster._begin(payload)
     except BaseException:
         cluster._teardown(grace_secs=0)
         raise

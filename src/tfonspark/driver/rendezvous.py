@@ -42,6 +42,7 @@ class NodeState:
     up: m.NodeUp | None = None
     exit: m.NodeExit | None = None
     lost: str = ""
+    finished_at: float = 0.0  # time.time() when the driver learnt the node exited or was lost
     conn: Connection | None = field(default=None, repr=False)
 
     @property
@@ -263,6 +264,7 @@ class RendezvousServer:
                 self.events.append((node, msg))
             elif isinstance(msg, m.NodeExit):
                 node.exit = msg
+                node.finished_at = time.time()
             self._cond.notify_all()
         return isinstance(msg, m.NodeExit)
 
@@ -287,6 +289,7 @@ class RendezvousServer:
             lost = not node.finished and not self._closed
             if lost:
                 node.lost = why
+                node.finished_at = time.time()
             self._cond.notify_all()
         if lost:
             log.warning("rendezvous: node %s lost: %s", node.role.name, why)

@@ -41,6 +41,7 @@ from .gpus import cuda_env
 from .host import SCRATCH_PREFIX, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 TAIL_LINES = 60
+ATTEMPT_ENV = "TFONSPARK_ATTEMPT"  # the TF process's ctx.attempt (0 = first start of the cluster)
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 
 
@@ -169,6 +170,7 @@ class Supervisor:
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
         env["PYTHONUNBUFFERED"] = "1"
+        env[ATTEMPT_ENV] = str(self.config.attempt)  # ctx.attempt, for code that has no ctx
         env.update(self.keras_env)  # Keras 2 / TFoS import shims, where asked for
         env.update(cuda_env(self.gpus, env))  # CUDA_VISIBLE_DEVICES="" on the CPU: TF must not take every GPU
         header = {

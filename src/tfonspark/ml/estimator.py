@@ -25,7 +25,9 @@
 ``train_fn`` should export a SavedModel to ``args.export_dir`` for the model to serve, e.g.
 ``tfonspark.distribute.export_saved_model(model, args.export_dir)`` on every node (the chief
 keeps it). Any node failure raises :class:`~tfonspark.errors.NodeFailed` with the node's
-traceback; the cluster is stopped either way.
+traceback; the cluster is stopped either way. With ``maxRestarts`` > 0 a failed cluster is
+started again instead (``args.max_restarts``; ``train_fn`` resumes from ``model_dir``, and the
+epochs not yet read through are fed again), up to that many times.
 
 ``output_mapping``, ``signature_def_key`` and ``tag_set`` are TFModel Params that the estimator
 carries too, so a fitted model in a ``Pipeline`` is ready to serve without setting them after
@@ -56,6 +58,7 @@ from .params import (
     HasInputMapping,
     HasInputMode,
     HasMasterNode,
+    HasMaxRestarts,
     HasModelDir,
     HasNumPS,
     HasOutputMapping,
@@ -93,6 +96,7 @@ ESTIMATOR_DEFAULTS: dict[str, Any] = {
     "readers": 1,
     "steps": 1000,
     "grace_secs": 30,
+    "max_restarts": 0,
     "feed_timeout": 600,
     "output_mapping": {},
     "signature_def_key": "serving_default",
@@ -110,6 +114,7 @@ class TFEstimator(
     HasMasterNode,
     HasProtocol,
     HasGraceSecs,
+    HasMaxRestarts,
     HasTensorboard,
     HasModelDir,
     HasExportDir,
@@ -169,6 +174,7 @@ class TFEstimator(
             mode,
             master_node=args.master_node,
             driver_ps_nodes=args.driver_ps_nodes,
+            max_restarts=args.max_restarts,
             _tfos_face=self._tfos_face,
         )
         _train_and_shutdown(cluster, feed, args)

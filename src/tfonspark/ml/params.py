@@ -33,6 +33,7 @@ __all__ = [
     "HasInputMapping",
     "HasInputMode",
     "HasMasterNode",
+    "HasMaxRestarts",
     "HasModelDir",
     "HasNumPS",
     "HasOutputMapping",
@@ -200,6 +201,22 @@ class HasFeedTimeout(Params):
 
     def getFeedTimeout(self) -> float:  # noqa: N802
         return self.getOrDefault(self.feed_timeout)
+
+
+class HasMaxRestarts(Params):
+    """``max_restarts``: restarts of the training cluster after a node failure (tfonspark; 0 = none)."""
+
+    max_restarts = _param(
+        "max_restarts",
+        "Times the cluster is restarted after a node failure (train_fn resumes from its checkpoints)",
+        _integer("max_restarts", 0),
+    )
+
+    def setMaxRestarts(self, value: int) -> Any:  # noqa: N802
+        return self._set(max_restarts=value)
+
+    def getMaxRestarts(self) -> int:  # noqa: N802
+        return self.getOrDefault(self.max_restarts)
 
 
 class HasGraceSecs(Params):

@@ -58,6 +58,7 @@ class NodeContext:
         tensorboard_url: str = "",
         reporter: Callable[[dict[str, Any]], None] | None = None,
         gpus: Sequence[str] | None = None,
+        attempt: int = 0,
     ) -> None:
         self.executor_id = executor_id
         self.worker_num = executor_id
@@ -74,6 +75,9 @@ class NodeContext:
         #: the GPU addresses this node's TF process was given (its ``CUDA_VISIBLE_DEVICES`` unless
         #: passed in); [] = the CPU. Chosen by the supervisor (README, "GPUs").
         self.gpus: list[str] = list(gpus) if gpus is not None else _visible_gpus()
+        #: 0 on the cluster's first start, n after the driver restarted it n times (``max_restarts``):
+        #: resume from the last checkpoint when it is > 0
+        self.attempt = attempt
 
     @property
     def is_chief(self) -> bool:
@@ -147,5 +151,5 @@ class NodeContext:
     def __repr__(self) -> str:
         return (
             f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
-            f"task_index={self.task_index}, num_workers={self.num_workers}, gpus={self.gpus})"
+            f"task_index={self.task_index}, num_workers={self.num_workers}, gpus={self.gpus}, attempt={self.attempt})"
         )

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import FeedError, InputError
 from ..wire.codec import ColumnBatch, pack_rows
-from .feedserver import END_FEED, FeedServer, Stream
+from .feedserver import END_FEED, EpochMark, FeedServer, Stream
 from .localfeed import LocalFeeds
 
 __all__ = ["DataFeed", "feed_dataset"]
@@ -101,6 +101,10 @@ class DataFeed:
             if item is END_FEED:
                 self.done_feeding = True
                 return False
+            if isinstance(item, EpochMark):  # the driver re-feeds from the first epoch not read through
+                if isinstance(self.server, FeedServer):
+                    self.server.on_event("epoch_read", {"feed_id": item.feed_id, "epoch": item.epoch})
+                continue
             if item is None:  # partition boundary
                 if stream is not None:
                     stream.maybe_finish()

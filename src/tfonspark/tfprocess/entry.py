@@ -146,6 +146,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
             mgr=feed,
             tmp_socket=tmp_socket,
             reporter=reporter,
+            attempt=config.attempt,
         )
         ctx.tensorboard_url = _start_tensorboard(config, ctx, host, bind_host)
         if config.release_port:

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProtocolError
@@ -26,10 +27,20 @@ from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, enc
 from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
 from ..wire.listener import Listener
 
-__all__ = ["END_FEED", "ByteQueue", "FeedServer", "Stream"]
+__all__ = ["END_FEED", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
 
 log = logging.getLogger(__name__)
 END_FEED = object()
+
+
+@dataclass(frozen=True)
+class EpochMark:
+    """Queued after the last row of an epoch of a restartable train feed (``max_restarts``)."""
+
+    feed_id: str
+    epoch: int
+
+
 #: a feeder sends its FeedStart right after connecting
 _FIRST_MESSAGE_SECS = 30.0
 
@@ -353,7 +364,8 @@ class FeedServer:
             conn.settimeout(_FIRST_MESSAGE_SECS)
             msg = m.recv_message(conn, m.FeedStart, m.FeedClose)
             if isinstance(msg, m.FeedClose):
-                self.queue(msg.qname).put(None, END_FEED)
+                mark = EpochMark(msg.feed_id, msg.epoch) if msg.epoch >= 0 else END_FEED
+                self.queue(msg.qname).put(None, mark)
                 m.send_message(conn, m.Ack())
                 return False
             assert isinstance(msg, m.FeedStart)

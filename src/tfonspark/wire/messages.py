@@ -184,10 +184,16 @@ class FeedEnd(Message):
 
 @dataclass
 class FeedClose(Message):
-    """Driver -> node: no more data will come for ``qname`` (end of the feed)."""
+    """Driver -> node: no more data will come for ``qname`` (end of the feed).
+
+    With ``epoch`` >= 0 it only marks the end of that epoch of the train feed ``feed_id``: every
+    row of it is already queued on the node, which reports when its reader gets past the mark.
+    """
 
     TYPE: ClassVar[str] = "feed_close"
     qname: str
+    epoch: int = -1
+    feed_id: str = ""
 
 
 @dataclass
