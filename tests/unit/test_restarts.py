@@ -126,3 +126,44 @@ def test_the_estimator_takes_max_restarts_as_a_param():
     with pytest.raises(ConfigError, match="max_restarts"):
         estimator.setMaxRestarts(-1)
     assert tfonspark.Restart is not None and "Restart" in tfonspark.__all__
+
+
+def sleep_long(args: dict, ctx) -> None:
+    time.sleep(120)
+
+
+def test_a_node_goes_when_its_executor_goes(monkeypatch, tmp_path):
+    """The supervisor watches its executor's JVM (here a stand-in process) and fails the node with it."""
+    import subprocess
+
+    from tfonspark.executor import node
+
+    jvm = subprocess.Popen(["sleep", "600"])
+    monkeypatch.setattr(node, "executor_pid", lambda: jvm.pid)
+    try:
+        cluster = run(sleep_long, {}, n=1)
+        jvm.kill()
+        jvm.wait()
+        killed = time.time()
+        with pytest.raises(NodeFailed) as info:
+            cluster.shutdown(timeout=60)
+    finally:
+        jvm.kill()
+    assert time.time() - killed < 10
+    assert f"Spark executor (JVM pid {jvm.pid}) exited" in str(info.value)
+
+
+def test_executor_liveness_sees_exited_and_zombie_processes():
+    import subprocess
+
+    from tfonspark.executor.host import executor_alive, executor_pid
+
+    assert executor_alive(os.getpid())
+    assert executor_pid() == 0  # pytest is not a Spark JVM's Python worker
+    child = subprocess.Popen(["sleep", "600"])
+    assert executor_alive(child.pid)
+    child.kill()
+    time.sleep(0.2)  # killed, not reaped yet: a zombie
+    assert not executor_alive(child.pid)
+    child.wait()
+    assert not executor_alive(child.pid)

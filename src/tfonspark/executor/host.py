@@ -12,7 +12,9 @@ import socket
 __all__ = [
     "SCRATCH_PREFIX",
     "bind_address",
+    "executor_alive",
     "executor_key",
+    "executor_pid",
     "is_wildcard",
     "local_ip_towards",
     "remove_scratch",
@@ -108,3 +110,47 @@ def remove_scratch(path: str) -> None:
     """Remove a TF process's private temp directory (only one named by SCRATCH_PREFIX)."""
     if path and os.path.basename(path.rstrip(os.sep)).startswith(SCRATCH_PREFIX):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _proc_field(pid: int, name: str) -> str:
+    """``/proc/<pid>/<name>`` as text ("" where unreadable or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent_of(pid: int) -> int:
+    stat = _proc_field(pid, "stat")
+    fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, ...
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def executor_pid() -> int:
+    """The pid of the Spark JVM this Python worker serves (its parent, or pyspark.daemon's), else 0.
+
+    A node's processes run in their own session so a finished Spark task does not take them
+    down; the supervisor watches this pid instead, so that they go when their executor goes.
+    """
+    pid = os.getppid()
+    for _ in range(2):
+        if pid <= 1:
+            return 0
+        cmdline = _proc_field(pid, "cmdline")
+        if "java" in cmdline and "org.apache.spark" in cmdline:
+            return pid
+        pid = _parent_of(pid)
+    return 0
+
+
+def executor_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _proc_field(pid, "stat")
+    return not stat or stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]

@@ -22,6 +22,7 @@ from ..config import InputMode, NodeConfig
 from ..errors import ClusterError
 from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
 from .gpus import check_request, spark_addresses
+from .host import executor_pid
 
 __all__ = ["node_task", "start_node"]
 
@@ -101,7 +102,8 @@ def _spawn_supervisor(config: NodeConfig, executor_id: int, payload: bytes, gpus
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": executor_id, "gpus": gpus}, payload)
+        header = {"config": config.to_json(), "executor_id": executor_id, "gpus": gpus, "executor_pid": executor_pid()}
+        write_bootstrap(proc.stdin, header, payload)
         proc.stdin.close()
     except OSError:
         pass  # it died at once: start_node reports that from its exit code

@@ -38,11 +38,12 @@ from ..wire.framing import Connection, connect, remove_unix_socket
 from . import tfos_env
 from .gpus import assign as assign_gpus
 from .gpus import cuda_env
-from .host import SCRATCH_PREFIX, executor_key, local_ip_towards, remove_scratch, reserve_port
+from .host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 TAIL_LINES = 60
 ATTEMPT_ENV = "TFONSPARK_ATTEMPT"  # the TF process's ctx.attempt (0 = first start of the cluster)
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
+EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
 
 
 def _status(event: str, **fields: Any) -> None:
@@ -55,8 +56,12 @@ def _status(event: str, **fields: Any) -> None:
 
 
 class Supervisor:
-    def __init__(self, config: NodeConfig, executor_id: int, gpus: list[str], payload: bytes) -> None:
+    def __init__(
+        self, config: NodeConfig, executor_id: int, gpus: list[str], payload: bytes, executor_pid: int = 0
+    ) -> None:
         self.config = config
+        self.executor_pid = executor_pid  # the Spark executor JVM: the node goes when it goes (0 = none)
+        self.executor_gone = ""  # why the TF process was stopped with its executor
         self.executor_id = executor_id
         self.gpus = gpus
         self.keras_env: dict[str, str] = {}  # executor/tfos_env.py's variables for the TF process
@@ -116,6 +121,8 @@ class Supervisor:
             if self.stopping:  # SIGTERM arrived while the TF process was being spawned
                 self.terminate(2.0, force=True)
             threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
+            if self.executor_pid:
+                threading.Thread(target=self._watch_executor, daemon=True, name="tfos-executor-watch").start()
             tee.start()
             with os.fdopen(status_r, "r") as status:
                 error = self._relay_status(conn, status)
@@ -129,11 +136,25 @@ class Supervisor:
             remove_unix_socket(self.data_path)  # left behind if the TF process was killed
             remove_scratch(self.scratch)
         tee.join(timeout=5)
-        exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], self.stopping)
+        stopped = self.stopping and not self.executor_gone  # a lost executor is a failure, not a stop
+        error = f"{self.executor_gone}\n{error}".strip() if self.executor_gone else error
+        exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], stopped)
         with contextlib.suppress(OSError):
             m.send_message(conn, exit_msg)
-        _status("exit", exit_code=code, stopped=self.stopping, traceback=error)
+        _status("exit", exit_code=code, stopped=stopped, traceback=error)
         return 0
+
+    def _watch_executor(self) -> None:
+        """Stop the TF process when the Spark executor it belongs to is gone (killed, lost, preempted).
+
+        The node runs in its own session, so nothing else would stop it: it would go on outside
+        Spark's accounting, holding memory and GPUs Spark gives to the replacement executor.
+        """
+        while not self.done.wait(EXECUTOR_POLL_SECS):
+            if not executor_alive(self.executor_pid):
+                self.executor_gone = f"the node's Spark executor (JVM pid {self.executor_pid}) exited; its TF process was stopped with it"
+                self.terminate(2.0)
+                return
 
     def _cannot_start(self, conn: Connection, error: Exception) -> int:
         """A node whose TF process cannot start ends as if it had failed at once, saying why."""
@@ -335,7 +356,13 @@ def main() -> int:
     except Exception as exc:
         _status("failed", reason=f"{type(exc).__name__}: {exc}")
         return 1
-    supervisor = Supervisor(config, int(header["executor_id"]), list(header.get("gpus", [])), payload)
+    supervisor = Supervisor(
+        config,
+        int(header["executor_id"]),
+        list(header.get("gpus", [])),
+        payload,
+        executor_pid=int(header.get("executor_pid", 0)),
+    )
     signal.signal(signal.SIGTERM, lambda *_: supervisor.on_sigterm())
     try:
         return supervisor.run()
