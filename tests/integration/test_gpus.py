@@ -81,7 +81,10 @@ def _run_nodes(sc: Any, out: Path, **tf_args: Any) -> dict[str, Any]:
         cluster.shutdown(timeout=60)
     except Exception as exc:
         return {"error": type(exc).__name__, "message": str(exc)}
-    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    found = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    for info in cluster.cluster_info:  # the driver knows what each node got
+        found[f"{info['job_name']}-{info['task_index']}"]["driver"] = info["gpus"]
+    return found
 
 
 def _gpu_conf(script: Path | None) -> dict[str, str]:
@@ -186,7 +189,7 @@ def _assert_nodes_got_their_tasks_gpus(found: dict[str, Any]) -> None:
     assert set(got.values()) <= handed, (got, handed)
     for name, seen in nodes.items():  # exactly its own task's addresses, in CUDA_VISIBLE_DEVICES and ctx.gpus
         assert seen["cuda"] == tasks[seen["executor_dir"]], (name, seen, tasks)
-        assert seen["ctx"] == seen["cuda"].split(","), seen
+        assert seen["ctx"] == seen["cuda"].split(",") == seen["driver"], seen
 
 
 def test_executors_get_disjoint_spark_gpus(spark_gpus):

@@ -328,6 +328,9 @@ class Cluster:
         self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
         self._phases = (registered - started, time.monotonic() - registered)
         self.cluster_info = [self._info(n) for n in self.server.nodes.values()]
+        gpus = {f"{i['job_name']}:{i['task_index']}": i["gpus"] for i in self.cluster_info if i["gpus"]}
+        if gpus:
+            log.info("GPUs of the TensorFlow nodes: %s", ", ".join(f"{k} {v}" for k, v in sorted(gpus.items())))
 
     @staticmethod
     def _info(node: NodeState) -> dict[str, Any]:
@@ -340,6 +343,7 @@ class Cluster:
             "executor_key": node.executor_key,
             "data_address": (up.data_host, up.data_port) if up and up.data_port else None,
             "tb_url": up.tensorboard_url if up else "",
+            "gpus": list(up.gpus) if up else [],
         }
 
     # ---- public API ------------------------------------------------------------------------

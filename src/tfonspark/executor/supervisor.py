@@ -251,6 +251,7 @@ class Supervisor:
                     int(event["data_port"]),
                     str(event.get("tensorboard_url", "")),
                     str(event.get("data_path", "")),
+                    list(self.gpus),
                 )
                 self.data_path = up.data_path or self.data_path
                 self._send(conn, up)

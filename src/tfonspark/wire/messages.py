@@ -96,6 +96,7 @@ class NodeUp(Message):
     data_port: int
     tensorboard_url: str = ""
     data_path: str = ""  # the data server's Unix socket, for feeders on the same executor
+    gpus: list[str] = field(default_factory=list)  # the GPU addresses the TF process was given
 
 
 @dataclass
