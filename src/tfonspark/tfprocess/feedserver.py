@@ -41,6 +41,9 @@ class EpochMark:
     epoch: int
 
 
+#: how many recent feeds' delivered partitions are remembered to drop repeated attempts: Spark
+#: retries a partition while its job runs, and a feed's job ends before the next feed starts
+_REMEMBERED_FEEDS = 64
 #: a feeder sends its FeedStart right after connecting
 _FIRST_MESSAGE_SECS = 30.0
 
@@ -334,7 +337,9 @@ class FeedServer:
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
-        self._delivered: set[tuple[str, int]] = set()
+        # partitions delivered, by feed (train() call, epoch job, stream micro-batch): the last
+        # _REMEMBERED_FEEDS only, so a long stream does not grow it without end
+        self._delivered: collections.OrderedDict[str, set[int]] = collections.OrderedDict()
         self._lock = threading.Lock()
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
@@ -463,15 +468,20 @@ class FeedServer:
         """True for the first complete attempt of a partition; later ones are dropped."""
         if stream.key is None:
             return True
+        feed_id, partition = stream.key
         with self._lock:
-            if stream.key in self._delivered:
+            seen = self._delivered.setdefault(feed_id, set())
+            self._delivered.move_to_end(feed_id)
+            while len(self._delivered) > _REMEMBERED_FEEDS:
+                self._delivered.popitem(last=False)
+            if partition in seen:
                 log.info(
                     "feed server: partition %s was already delivered; dropped a repeated "
                     "attempt (a Spark retry or speculative task)",
                     stream.partition,
                 )
                 return False
-            self._delivered.add(stream.key)
+            seen.add(partition)
             return True
 
     def _stalled(self, stream: Stream) -> None:
