@@ -183,7 +183,7 @@ def test_fit_feeds_sorted_mapped_columns_and_returns_a_model(fake_run, tmp_path)
     ((args, kwargs, cluster),) = fake_run.started
     sc, train_fn, tf_args, cluster_size, num_ps, tensorboard, mode = args
     assert train_fn is _train and (cluster_size, num_ps, tensorboard, mode) == (2, 0, False, InputMode.SPARK)
-    assert kwargs == {"master_node": "chief", "driver_ps_nodes": False, "_tfos_face": False}
+    assert kwargs == {"master_node": "chief", "driver_ps_nodes": False, "max_restarts": 0, "_tfos_face": False}
     assert tf_args.lr == 0.5 and tf_args.epochs == 3 and tf_args.input_mapping == {"b": "y", "a": "x"}
     assert cluster.calls == [("train", ["a", "b"], 3, 42.0), ("shutdown", 0.0, 259200)]
     assert isinstance(model, TFModel) and model.args == Namespace({"lr": 0.5})
