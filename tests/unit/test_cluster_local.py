@@ -118,3 +118,22 @@ def test_an_untyped_error_in_the_node_job_is_summarised_in_one_line():
     launcher = _Failing(RuntimeError("Job aborted.\n  File x\nOSError: [Errno 28] No space left on device\n"))
     with pytest.raises(NodeFailed, match=r"failed before reservation: OSError: \[Errno 28\] No space left"):
         tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=30, launcher=launcher)
+
+
+def terminate_then_work(args: dict, ctx) -> None:
+    ctx.get_data_feed().terminate()
+    time.sleep(args["sleep"])  # e.g. exporting: the node runs on, but takes no more data
+
+
+def test_terminated_feeds_count_as_done_while_the_nodes_still_run():
+    from tfonspark import InputMode
+
+    cluster = run(terminate_then_work, {"sleep": 8}, input_mode=InputMode.SPARK)
+    try:
+        deadline = time.monotonic() + 6
+        while not cluster.all_done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cluster.all_done(), "both nodes terminated their feed"
+        assert not any(n.finished for n in cluster.server.nodes.values()), "the nodes still run"
+    finally:
+        cluster.shutdown(timeout=60)

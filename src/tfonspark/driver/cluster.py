@@ -148,7 +148,7 @@ class Cluster:
 
     def all_done(self) -> bool:
         """True once no data node takes data any more (each terminated its feed or exited cleanly)."""
-        return all(n.finished for n in self.server.nodes.values() if n.role.job_name in DATA_ROLES)
+        return all(n.finished or n.feed_ended for n in self.server.nodes.values() if n.role.job_name in DATA_ROLES)
 
     # ---- failure handling ------------------------------------------------------------------
     def _watch(self) -> None:
@@ -173,6 +173,9 @@ class Cluster:
             self.report_log.add(node.role.job_name, node.role.task_index, event.detail)
         elif event.kind == "feed_stalled":
             self._on_stall(node, event.detail)
+        elif event.kind == "feed_terminated":
+            node.feed_ended = True
+            self.server.notify()  # wake waiters on all_done(): the streams' watcher, shutdown
         elif event.kind == "epoch_read":
             key = (str(event.detail.get("feed_id", "")), node.role.name)
             self._epochs_read[key] = max(self._epochs_read.get(key, -1), int(event.detail.get("epoch", -1)))
@@ -425,7 +428,7 @@ class Cluster:
         server = self.server
 
         def read(nodes: Iterable[NodeState]) -> bool:
-            done = {n.role.name for n in nodes if n.finished}
+            done = {n.role.name for n in nodes if n.finished or n.feed_ended}
             for node, event in server.events:
                 detail = event.detail
                 if event.kind == "epoch_read" and detail.get("feed_id") == feed_id and detail.get("epoch", -1) >= epoch:

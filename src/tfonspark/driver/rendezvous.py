@@ -43,6 +43,7 @@ class NodeState:
     exit: m.NodeExit | None = None
     lost: str = ""
     finished_at: float = 0.0  # time.time() when the driver learnt the node exited or was lost
+    feed_ended: bool = False  # its feed was terminated (DataFeed.terminate()): it takes no more data
     conn: Connection | None = field(default=None, repr=False)
 
     @property

@@ -513,8 +513,14 @@ class FeedServer:
             pass
 
     def terminate(self) -> None:
-        """Stop accepting data: queued batches are dropped, feeders told to stop sending."""
-        self.terminated = True
+        """Stop accepting data: queued batches are dropped, feeders told to stop sending.
+
+        The driver hears of it (``feed_terminated``): it stops feeding epochs and micro-batches
+        once every data node has terminated, as once every one has exited.
+        """
+        first, self.terminated = not self.terminated, True
+        if first:
+            self.on_event("feed_terminated", {})
         with self._lock:
             queues = list(self._queues.values())
             streams = [s for s in self._streams if not s.closed.is_set()]
