@@ -62,10 +62,11 @@ Reform = Callable[[int], "tuple[RendezvousServer, NodeConfig]"]
 def node_failed(failed: list[NodeState]) -> NodeFailed:
     """The error the driver raises for failed nodes: every one by role, index and output tail.
 
-    ``role``/``index``/``exit_code``/``traceback`` describe the first failure (a node that exited
-    before one that was lost, then by executor id); ``failures`` holds all of them.
+    ``role``/``index``/``exit_code``/``traceback`` describe the first failure: the node the driver
+    heard from first (a SIGKILLed worker, not the peer whose collective then broke), then by
+    executor id; ``failures`` holds all of them.
     """
-    ordered = sorted(failed, key=lambda n: (n.exit is None, n.role.executor_id))
+    ordered = sorted(failed, key=lambda n: (n.finished_at or float("inf"), n.exit is None, n.role.executor_id))
     described = [(n, *_describe_exit(n)) for n in ordered]
     first, how, code, tail = described[0]
     where = f"TensorFlow node {first.role.name} (executor {first.role.executor_id})"
