@@ -9,10 +9,13 @@ every repetition times, in rotating order:
   and ``trigger={"availableNow": True}``: one micro-batch per file, each fed by ``foreachBatch``
 - ``empty``:  the same stream into an empty ``foreachBatch`` sink: what Spark's micro-batch
   machinery costs by itself
+- ``plain``:  the same stream, each micro-batch read by plain Spark into a Python worker
+  (``mapInArrow`` counting the rows, collected): the limit of any Python consumer of a stream
 
 The clock stops once the TF processes have *consumed* every row (the same consumer as
 ``feed.py``). Prints rows/s of both feeds and their ratio (target >= 0.7x), and the seconds
-each micro-batch adds to the feed against what an empty ``foreachBatch`` sink takes per batch.
+each micro-batch adds to the feed against what an empty ``foreachBatch`` sink takes per batch,
+and the streaming feed against plain Spark's streaming consumer of the same micro-batches.
 
     python benchmarks/streaming.py                    # 1M tabular rows (20 micro-batches), 3 reps
     python benchmarks/streaming.py --shape mnist --rows 200000
@@ -36,7 +39,7 @@ import _common as c  # noqa: E402
 import tfonspark  # noqa: E402
 from tfonspark import InputMode  # noqa: E402
 
-VARIANTS = ["batch", "stream", "empty"]
+VARIANTS = ["batch", "stream", "empty", "plain"]
 TARGET = 0.7
 TIMEOUT = 600.0
 SCHEMA = "features array<float>, label long"
@@ -126,15 +129,41 @@ class Bench:
         finally:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
+    def plain(self) -> c.Sample:
+        checkpoint = tempfile.mkdtemp(prefix="tfos-stream-ckpt-")
+        counted: list[int] = []
+
+        def count_batch(df: Any, batch_id: int) -> None:
+            counted.append(sum(r[0] for r in df.mapInArrow(_count_rows, "n long").collect()))
+
+        try:
+            meter = c.Meter()
+            writer = self.stream().writeStream.foreachBatch(count_batch)
+            query = writer.trigger(availableNow=True).option("checkpointLocation", checkpoint).start()
+            query.awaitTermination(TIMEOUT)
+            sample = meter.stop()
+            sample.rows = self.opts.rows
+            _check(sum(counted), self.opts.rows)
+            return sample
+        finally:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
     def run(self, variant: str, timed: bool = True) -> None:
         with c.quiet_stage(f"{variant}{'' if timed else ' (warm-up)'}"):
-            sample = {"batch": self.batch, "stream": self.streamed, "empty": self.empty}[variant]()
+            sample = {"batch": self.batch, "stream": self.streamed, "empty": self.empty, "plain": self.plain}[variant]()
         if timed:
             self.samples[variant].append(sample)
             print(f"{variant:<7} {sample}", flush=True)
 
     def median_seconds(self, variant: str) -> float | None:
         return c.median([s.seconds for s in self.samples[variant]])
+
+
+def _count_rows(batches: Any) -> Any:
+    """mapInArrow: one row holding how many rows the partition had (the plain Spark consumer)."""
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
 
 
 def _check(seen: int, expected: int) -> None:
@@ -158,9 +187,9 @@ def write_files(spark: Any, shape: c.Shape, rows: int, batch_rows: int, folder: 
 
 def report(bench: Bench) -> str:
     """The Markdown table and the targets."""
-    batch, stream, empty = (bench.median_seconds(v) for v in VARIANTS)
+    batch, stream, empty, plain = (bench.median_seconds(v) for v in VARIANTS)
     rows, n = bench.opts.rows, bench.batches
-    rate = {v: (rows / s if s else None) for v, s in (("batch", batch), ("stream", stream))}
+    rate = {v: (rows / s if s else None) for v, s in (("batch", batch), ("stream", stream), ("plain", plain))}
     overhead = (stream - batch) / n if stream is not None and batch is not None else None
     per_empty = empty / n if empty is not None else None
     header = [
@@ -170,6 +199,8 @@ def report(bench: Bench) -> str:
         "batch feed rows/s",
         "streaming feed rows/s",
         "stream / batch",
+        "plain Spark stream rows/s",
+        "stream / plain Spark stream",
         "added s per micro-batch",
         "empty foreachBatch s per micro-batch",
     ]
@@ -180,6 +211,8 @@ def report(bench: Bench) -> str:
         c.fmt_rate(rate["batch"]),
         c.fmt_rate(rate["stream"]),
         c.fmt_ratio(rate["stream"], rate["batch"]),
+        c.fmt_rate(rate["plain"]),
+        c.fmt_ratio(rate["stream"], rate["plain"]),
         "n/a" if overhead is None else f"{overhead:.3f}",
         "n/a" if per_empty is None else f"{per_empty:.3f}",
     ]
@@ -188,6 +221,10 @@ def report(bench: Bench) -> str:
         ratio = rate["stream"] / rate["batch"]
         verdict = "met" if ratio >= TARGET else "NOT met"
         lines.append(f"streaming feed >= {TARGET}x batch feed: {ratio:.2f}x ({verdict})")
+    if rate["stream"] and rate["plain"]:
+        lines.append(
+            f"against plain Spark reading the same micro-batches into Python: {rate['stream'] / rate['plain']:.2f}x"
+        )
     if overhead is not None and per_empty is not None:
         lines.append(
             f"per micro-batch: the streaming feed adds {overhead:.3f}s over the batch feed; "

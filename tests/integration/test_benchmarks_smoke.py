@@ -78,7 +78,9 @@ def test_streaming_benchmark_quick_run_prints_both_ratios():
     cells = dict(zip(header, rows[0]))
     assert cells["micro-batches"] == "3" and cells["stream / batch"].endswith("x"), cells
     assert float(cells["empty foreachBatch s per micro-batch"]) > 0, cells
+    assert cells["stream / plain Spark stream"].endswith("x"), cells
     assert "streaming feed >= 0.7x batch feed" in out and "per micro-batch: the streaming feed adds" in out
+    assert "against plain Spark reading the same micro-batches into Python" in out
 
 
 @pytest.mark.parametrize("folder", ["benchmarks", "examples"])
