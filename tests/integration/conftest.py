@@ -38,11 +38,13 @@ def listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
-def feed_socket_dirs() -> list[str]:
-    """Private dirs a node may leave behind: its TMPDIR (``tfos-node-*``, made by the supervisor)
-    and a Unix feed socket's directory made outside one (``wire.framing.listen_unix``)."""
+def feed_socket_dirs(clusters: list[str] | None = None) -> list[str]:
+    """Private dirs a node may leave behind: its TMPDIR (``tfos-node-<cluster>-*``, made by the
+    supervisor; of the given clusters only, if any) and a Unix feed socket's directory made
+    outside one (``wire.framing.listen_unix``)."""
     tmp = tempfile.gettempdir()
-    return glob.glob(os.path.join(tmp, "tfos-feed-*")) + glob.glob(os.path.join(tmp, "tfos-node-*"))
+    scratch = [f"tfos-node-{c[:12]}-*" for c in clusters] if clusters is not None else ["tfos-node-*"]
+    return [d for pattern in ["tfos-feed-*", *scratch] for d in glob.glob(os.path.join(tmp, pattern))]
 
 
 @pytest.fixture
@@ -63,8 +65,8 @@ def no_leftovers(request, monkeypatch):
     assert wait_until(lambda: not node_processes(started), 20), (
         f"node processes left behind: {[p.info.get('cmdline') for p in node_processes(started)]}"
     )
-    assert wait_until(lambda: not set(feed_socket_dirs()) - sockets_before, 10), (
-        f"feed sockets left behind: {sorted(set(feed_socket_dirs()) - sockets_before)}"
+    assert wait_until(lambda: not set(feed_socket_dirs(started)) - sockets_before, 10), (
+        f"feed sockets left behind: {sorted(set(feed_socket_dirs(started)) - sockets_before)}"
     )
     for name in ("sc", "sc_local", "standalone"):
         if name in request.fixturenames:

@@ -197,13 +197,13 @@ class Cluster:
         """Raise NodeFailed (after tearing the cluster down) naming every node that has failed."""
         failed = self.server.failures()
         if failed:
-            if not self._closed:  # the first to see it: time it, let the others report, tear down
-                self._seen_at = time.time()
-                self._failed_at = min((n.finished_at for n in failed if n.finished_at), default=self._seen_at)
+            if not self._closed:  # the first to see it: let the others report, tear down, time both
                 # nodes often fail together (one bad input, a lost peer): give the others a moment
                 # to report, so the error names all of them and not only the fastest
                 self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
                 failed = self.server.failures() or failed
+                self._seen_at = time.time()
+                self._failed_at = min((n.finished_at for n in failed if n.finished_at), default=self._seen_at)
                 started = time.monotonic()
                 self._teardown(grace_secs=0)
                 self._teardown_s = time.monotonic() - started

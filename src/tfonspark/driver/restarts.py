@@ -22,7 +22,7 @@ class Restart:
     """One restart of the cluster: why, and where the time went (seconds; ``failed_at`` is time.time()).
 
     ``detect_s``: from the driver learning of the node failure (``failed_at``) to tearing down
-    (other nodes get a moment to report theirs); ``teardown_s``: stopping every node and job;
+    (other nodes get up to 1 s to report theirs, so the cause names them all); ``teardown_s``: stopping every node and job;
     ``reserve_s``: executors reserved and every node registered again; ``startup_s``: from then
     to every TF process started (``map_fun`` running); ``total_s``: ``failed_at`` to started.
     ``refeed_epoch``: for a restart during ``Cluster.train``, the epoch (from 0) fed again first.

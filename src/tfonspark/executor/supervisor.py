@@ -186,7 +186,7 @@ class Supervisor:
         env = dict(os.environ)
         # every temp file of the TF process (its feed socket, checkpoint scratch, TensorFlow's
         # and the user's own) lands in one private directory that is removed when it exits
-        self.scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")  # whose it is
         env["TMPDIR"] = env["TMP"] = env["TEMP"] = self.scratch
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
