@@ -518,9 +518,12 @@ class FeedServer:
         The driver hears of it (``feed_terminated``): it stops feeding epochs and micro-batches
         once every data node has terminated, as once every one has exited.
         """
-        first, self.terminated = not self.terminated, True
-        if first:
+        if not self.terminated:
             self.on_event("feed_terminated", {})
+        self._stop_taking()
+
+    def _stop_taking(self) -> None:
+        self.terminated = True
         with self._lock:
             queues = list(self._queues.values())
             streams = [s for s in self._streams if not s.closed.is_set()]
@@ -532,7 +535,7 @@ class FeedServer:
 
     def close(self) -> None:
         """Stop taking data and close every connection; remove the Unix socket's directory."""
-        self.terminate()
+        self._stop_taking()  # the node is going: its exit tells the driver
         for listener in self._listeners:
             listener.close()
         with self._lock:
