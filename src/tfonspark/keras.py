@@ -2,14 +2,24 @@
 
 ``fit`` trains a compiled Keras 3 model under ``MultiWorkerMirroredStrategy`` where Keras' own
 ``model.fit`` cannot (TF 2.21 / Keras 3.15); tf_keras models are passed to their own
-``model.fit``. The contract and the input, sharding and checkpoint rules are documented in
-:mod:`tfonspark.distribute.keras_fit`.
+``model.fit``. With ``model_dir`` it checkpoints every ``checkpoint_every_steps`` steps (default
+``DEFAULT_CHECKPOINT_EVERY_STEPS``) and at each epoch end, and resumes from the latest checkpoint
+at that epoch and step. The contract and the input, sharding and checkpoint rules are documented
+in :mod:`tfonspark.distribute.keras_fit`.
 """
 
 from __future__ import annotations
 
 from .distribute.checkpoint import export_saved_model
-from .distribute.keras_fit import DatasetFn, DistributedTrainer, Progress, fit
+from .distribute.keras_fit import DEFAULT_CHECKPOINT_EVERY_STEPS, DatasetFn, DistributedTrainer, Progress, fit
 from .distribute.strategies import strategy
 
-__all__ = ["DatasetFn", "DistributedTrainer", "Progress", "export_saved_model", "fit", "strategy"]
+__all__ = [
+    "DEFAULT_CHECKPOINT_EVERY_STEPS",
+    "DatasetFn",
+    "DistributedTrainer",
+    "Progress",
+    "export_saved_model",
+    "fit",
+    "strategy",
+]

@@ -373,8 +373,9 @@ def test_workers_that_restored_different_epochs_are_refused(strategy, tmp_path, 
 
     model = _linear_model(strategy)
     tfk.fit(model, _linear_ds(), epochs=1, model_dir=tmp_path, verbose=0)
-    # what two workers would sum if one restored epoch 1 and the other found nothing (epoch 0)
-    monkeypatch.setattr(checkpoint, "sum_across_replicas", lambda s, values: [1.0, 1.0, 2.0])
+    # what two workers would sum (epoch, epoch^2, step, step^2, 1) if one restored epoch 1 and
+    # the other found nothing (epoch 0)
+    monkeypatch.setattr(checkpoint, "sum_across_replicas", lambda s, values: [1.0, 1.0, 0.0, 0.0, 2.0])
     with pytest.raises(ConfigError, match="shared|every worker can read"):
         checkpoint.EpochCheckpoint(model, tmp_path, strategy=strategy).restore()
 
@@ -402,8 +403,16 @@ def test_export_saved_model_serves_the_same_predictions(strategy, tmp_path):
 # -- tf_keras --------------------------------------------------------------------------------
 
 
-def test_tf_keras_model_is_trained_by_its_own_fit(tmp_path):
+def test_tf_keras_model_is_trained_by_its_own_fit(tmp_path, monkeypatch):
     tf_keras = pytest.importorskip("tf_keras")
+    save_freqs = []
+
+    class Recording(tf_keras.callbacks.BackupAndRestore):
+        def __init__(self, backup_dir, save_freq="epoch"):
+            super().__init__(backup_dir, save_freq=save_freq)
+            save_freqs.append(save_freq)
+
+    monkeypatch.setattr(tf_keras.callbacks, "BackupAndRestore", Recording)
     model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1), loss="mse")
     with pytest.raises(ConfigError, match="on_progress"):
@@ -412,6 +421,8 @@ def test_tf_keras_model_is_trained_by_its_own_fit(tmp_path):
     assert isinstance(history, tf_keras.callbacks.History)
     assert len(history.history["loss"]) == 3
     assert history.history["loss"][-1] < history.history["loss"][0]
+    tfk.fit(model, _linear_ds(), epochs=1, model_dir=tmp_path / "b", checkpoint_every_steps=3, verbose=0)
+    assert save_freqs == [tfk.DEFAULT_CHECKPOINT_EVERY_STEPS, 3]
 
 
 # -- public surface --------------------------------------------------------------------------
