@@ -27,6 +27,7 @@ tables.
     python benchmarks/feed.py                # defaults: about 10 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
     python benchmarks/feed.py --variants rdd,plain --row-types list,tuple
+    python benchmarks/feed.py --pack --row-types array,list,tuple    # no Spark: the Python work
 """
 
 from __future__ import annotations
@@ -103,26 +104,50 @@ def make_rdd(sc: Any, case: Case, rows: int, partitions: int) -> Any:
 
 # ---- --pack: the packing alone, no Spark ----------------------------------------------------------
 PACK_REPS = 5
-PACK_PICKLE_BATCH = 100  # rows per pickled batch, about what PySpark's batched serializer makes
+PACK_HEADER = [
+    "shape",
+    "rows",
+    "rows/pickle",
+    "rows/batch",
+    "unpickle+drop us/row",
+    "unpickle+pack+drop us/row",
+    "packing ns/value",
+    "plain / feed",
+    "pickles decoded us/row",
+    "plain / decoded",
+]
+
+
+def spark_pickles(rows: list[Any]) -> list[bytes]:
+    """``rows`` pickled in batches as PySpark's ``AutoBatchedSerializer`` stores them (the batch
+    doubles until a pickle reaches 64 KiB)."""
+    import pickle
+
+    blobs, batch, start = [], 1, 0
+    while start < len(rows):
+        blobs.append(pickle.dumps(rows[start : start + batch], pickle.HIGHEST_PROTOCOL))
+        start += batch
+        if len(blobs[-1]) < 1 << 16:
+            batch *= 2
+    return blobs
 
 
 def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
     """A feed task's Python work on ``case``'s rows against ``foreachPartition``'s, without Spark.
 
-    Both unpickle batches of rows (as a PySpark worker does) and drop each row after use; the
-    feed task also packs them (``Feeder``'s own chunking into ``pack_rows``). CPU seconds, min
-    of ``PACK_REPS``; rows for :func:`c.markdown_table`.
+    Both unpickle Spark's batches of rows (as a PySpark worker does) and drop each row after
+    use; the feed task also packs them (``Feeder``'s own chunking into ``pack_rows``). Last, the
+    feed task's work on a stored RDD: the same pickles decoded into columns without unpickling
+    (``train_pickled``). CPU seconds, min of ``PACK_REPS``; rows for :func:`c.markdown_table`.
     """
     import pickle
 
-    from tfonspark.executor.feeder import Feeder
+    from tfonspark.executor.feeder import Feeder, _pickled_batches
 
     out = []
     for case in cases:
         n = rows or case.shape.quick_rows * 4
-        data = list(case_rows(case, n, 1, 0))
-        blobs = [pickle.dumps(data[i : i + PACK_PICKLE_BATCH], 5) for i in range(0, n, PACK_PICKLE_BATCH)]
-        del data
+        blobs = spark_pickles(list(case_rows(case, n, 1, 0)))
         counts = [b.count for b in Feeder._row_batches(0, _unpickled(blobs))]
 
         def plain(blobs: list[bytes] = blobs) -> None:
@@ -133,17 +158,24 @@ def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
             for _ in Feeder._row_batches(0, _unpickled(blobs)):
                 pass
 
+        def decoded(blobs: list[bytes] = blobs) -> None:
+            for _ in _pickled_batches(0, iter(blobs)):
+                pass
+
         values = n * case.shape.width
-        cpu = {"plain": _min_cpu(plain), "feed": _min_cpu(feed)}
+        cpu = {"plain": _min_cpu(plain), "feed": _min_cpu(feed), "decoded": _min_cpu(decoded)}
         out.append(
             [
                 case.name,
                 f"{n:,}",
+                f"{max(len(pickle.loads(b)) for b in blobs):,}",
                 f"{max(counts):,}",
                 f"{cpu['plain'] / n * 1e6:.2f}",
                 f"{cpu['feed'] / n * 1e6:.2f}",
                 f"{(cpu['feed'] - cpu['plain']) / values * 1e9:.1f}",
                 f"{cpu['plain'] / cpu['feed']:.2f}x",
+                f"{cpu['decoded'] / n * 1e6:.2f}",
+                f"{cpu['plain'] / cpu['decoded']:.2f}x",
             ]
         )
         print(f"pack {case.name:<16} " + "  ".join(out[-1][1:]), flush=True)
@@ -489,16 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.pack:
         cases = [Case(s, t) for s in c.parse_shapes(opts.shapes) for t in parse_row_types(opts.row_types)]
         print(f"# a feed task's Python work vs foreachPartition's (CPU, min of {PACK_REPS}; no Spark)", flush=True)
-        header = [
-            "shape",
-            "rows",
-            "rows/batch",
-            "unpickle+drop us/row",
-            "unpickle+pack+drop us/row",
-            "packing ns/value",
-            "plain / feed",
-        ]
-        print(f"\n{c.markdown_table(header, pack_bench(cases, opts.rows))}")
+        print(f"\n{c.markdown_table(PACK_HEADER, pack_bench(cases, opts.rows))}")
         return 0
     variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])

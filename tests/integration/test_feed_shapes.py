@@ -19,6 +19,8 @@ import pytest
 import tfonspark
 from tfonspark import InputMode, TFCluster
 from tfonspark.errors import FeedTimeout, NodeFailed
+from tfonspark.executor.feeder import pickled_batches
+from tfonspark.wire.pickled import PickledRows
 
 from .conftest import by_value, node_processes, wait_until
 
@@ -56,6 +58,38 @@ def leaf_sum(row) -> float:
     if isinstance(row, (list, tuple)):
         return float(sum(leaf_sum(v) for v in row))
     return float(np.sum(row))
+
+
+# ---- stored rows read as their pickled batches ----------------------------------------------------
+
+
+def _decoded_rows(blobs):
+    """Every row of a partition's pickled batches, decoded without unpickling (None if refused)."""
+    decoder, out = PickledRows(), []
+    for blob in blobs:
+        batch = decoder.decode(blob)
+        if batch is None:
+            return [None]
+        out.extend((features.tolist(), label) for features, label in batch.rows())
+    return out
+
+
+def test_stored_rows_are_read_as_the_pickled_batches_spark_keeps(sc, tmp_path):
+    """Cached, unioned and parallelized RDDs come as their stored batches, which decode to the
+    very rows; an uncached map (pipelined into the feed task) and text files do not."""
+    rows = [([i + 0.5] * 20, i % 10) for i in range(3000)]
+    base = sc.parallelize(rows, 2)
+    cached = base.map(lambda r: r).cache()
+    (tmp_path / "t.txt").write_text("a\nb\n")
+    assert pickled_batches(base.map(lambda r: r)) is None
+    assert pickled_batches(sc.textFile(str(tmp_path / "t.txt"))) is None
+    assert pickled_batches(base) is not None and pickled_batches(cached) is not None
+    raw = pickled_batches(sc.union([cached, base]))  # one job reads all three kinds
+    try:
+        assert raw is not None
+        assert raw.mapPartitions(_decoded_rows).collect() == rows + rows
+    finally:
+        cached.unpersist()
 
 
 # ---- the two TFoS programs that hung ------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import ConfigError, FeedError, FeedTimeout
-from ..executor.feeder import Feeder, FeedTarget
+from ..executor.feeder import Feeder, FeedTarget, rdd_feed
 from ..wire import messages as m
 from ..wire.errors import captured, raise_or
 from ..wire.framing import connect
@@ -115,8 +115,10 @@ class Feeds:
             action = lambda: sum(r[0] for r in counted.collect())  # noqa: E731
         elif hasattr(data, "mapPartitionsWithIndex"):
             rdd = data.context.union([data] * num_epochs) if num_epochs > 1 else data
-            task = captured(feeder.train_rdd)
-            action = lambda: sum(rdd.mapPartitionsWithIndex(task).map(count).collect())  # noqa: E731
+            fed = rdd_feed(
+                rdd, captured(feeder.train_rdd), captured(feeder.train_pickled)
+            )  # stored rows: their pickles
+            action = lambda: sum(fed.map(count).collect())  # noqa: E731
         else:
             raise ConfigError(
                 "train() takes an RDD, a DataFrame, a streaming DataFrame or a DStream. "
@@ -144,7 +146,7 @@ class Feeds:
                     "inference() takes an RDD, a DataFrame, a streaming DataFrame or a DStream. "
                     f"Received: {type(data).__module__}.{type(data).__name__}"
                 )
-            return data.mapPartitionsWithIndex(captured(feeder.infer_rdd))
+            return rdd_feed(data, captured(feeder.infer_rdd), captured(feeder.infer_pickled))
         schema = self._output_schema(data, feeder, output_schema)
         return data.mapInArrow(captured(feeder.infer_arrow(schema.json())), schema)
 

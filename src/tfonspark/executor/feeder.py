@@ -1,8 +1,9 @@
 """Feed tasks: stream one partition to a TF node as columnar batches (and read results back).
 
 A feed task prefers the node on its own executor (same executor key) and falls back to the
-others by partition index. RDD rows are packed into numpy columns here; DataFrame partitions
-arrive as Arrow record batches (``mapInArrow``) and never become Python rows.
+others by partition index. RDD rows are packed into numpy columns here, and a stored RDD's
+pickled batches are read as columns without unpickling (:func:`rdd_feed`); DataFrame
+partitions arrive as Arrow record batches (``mapInArrow``) and never become Python rows.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import pickle
 import select
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +26,10 @@ from ..wire import messages as m
 from ..wire.arrow import arrow_to_columns, columns_to_arrow
 from ..wire.codec import BATCH_KIND, ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 from ..wire.framing import Connection, connect, connect_unix
+from ..wire.pickled import PickledRows
 from .host import executor_key
 
-__all__ = ["FeedTarget", "Feeder", "choose_target"]
+__all__ = ["FeedTarget", "Feeder", "choose_target", "pickled_batches", "rdd_feed"]
 
 _TARGET_BYTES = 4 * 1024 * 1024
 #: Python objects in one chunk of rows at most: a chunk of list rows is packed after it was
@@ -124,7 +127,7 @@ class Feeder:
 
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
-    def _row_batches(partition: int, rows: Iterator[Any]) -> Iterator[ColumnBatch]:
+    def _row_batches(partition: int, rows: Iterator[Any], first_row: int = 0) -> Iterator[ColumnBatch]:
         """Pack rows into batches of about 4 MB, or of 262,144 Python values (list rows); a small
         first batch measures the row size.
 
@@ -134,7 +137,7 @@ class Feeder:
         # PySpark may hand a partition as a re-iterable (a ``range`` from ``parallelize``, the
         # list a user's ``mapPartitions`` returned): islice on it would restart at row 0 forever
         rows = iter(rows)
-        size, first_row, scratch, values = 16, 0, Scratch(), 0
+        size, scratch, values = 16, Scratch(), 0
         while True:
             with _gc_paused():
                 chunk = list(itertools.islice(rows, size))
@@ -189,6 +192,10 @@ class Feeder:
 
     def train_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[int]:
         yield self._train(partition, self._row_batches(partition, rows))
+
+    def train_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[int]:
+        """``train_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
+        yield self._train(partition, _pickled_batches(partition, blobs))
 
     def train_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -261,6 +268,11 @@ class Feeder:
         for result in self._infer(partition, self._row_batches(partition, rows)):
             yield from result.rows()
 
+    def infer_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[Any]:
+        """``infer_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
+        for result in self._infer(partition, _pickled_batches(partition, blobs)):
+            yield from result.rows()
+
     def infer_arrow(self, schema_json: str) -> Any:
         """The ``mapInArrow`` function for DataFrame inference with the given result schema."""
 
@@ -272,6 +284,98 @@ class Feeder:
                 yield columns_to_arrow(result, schema_json)
 
         return run
+
+
+def pickled_batches(rdd: Any) -> Any | None:
+    """``rdd`` read as the pickled batches Spark keeps it in (one ``bytes`` per batch of rows).
+
+    Only where that costs nothing: the rows are stored by PySpark's batched pickle serializer
+    (a cached, unioned, parallelized or checkpointed RDD), not computed by an uncached ``map``
+    that would otherwise run inside the feed task itself. None otherwise.
+    """
+    from pyspark.rdd import RDD, PipelinedRDD
+    from pyspark.serializers import (
+        AutoBatchedSerializer,
+        BatchedSerializer,
+        CloudPickleSerializer,
+        NoOpSerializer,
+        PickleSerializer,
+    )
+
+    if isinstance(rdd, PipelinedRDD) and rdd._is_pipelinable():
+        return None
+    serializer: Any = getattr(rdd, "_jrdd_deserializer", None)
+    if type(serializer) not in (BatchedSerializer, AutoBatchedSerializer):
+        return None  # e.g. FlattenedValuesSerializer, a pair/cartesian or UTF-8 deserializer
+    if type(serializer.serializer) not in (PickleSerializer, CloudPickleSerializer):
+        return None
+    return RDD(rdd._jrdd, rdd.ctx, NoOpSerializer())
+
+
+def rdd_feed(rdd: Any, by_rows: Callable[..., Any], by_pickles: Callable[..., Any]) -> Any:
+    """``mapPartitionsWithIndex`` of a feed function over ``rdd``: ``by_pickles`` over its
+    pickled batches where :func:`pickled_batches` allows, else ``by_rows`` over its rows."""
+    raw = pickled_batches(rdd)
+    if raw is None:
+        return rdd.mapPartitionsWithIndex(by_rows)
+    return raw.mapPartitionsWithIndex(by_pickles)
+
+
+def _pickled_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBatch]:
+    """Batches of about 4 MB from a partition's pickled batches of rows.
+
+    Batches whose rows :class:`PickledRows` recognises become columns without unpickling; from
+    the first one it does not, the rest of the partition is unpickled (as PySpark does) and
+    packed as rows, so results, errors and their row numbers are those of ``train_rdd``.
+    """
+    blobs, decoder, scratch = iter(blobs), PickledRows(), Scratch()
+    pending: list[ColumnBatch] = []
+    first_row = 0
+    for blob in blobs:
+        batch = decoder.decode(blob)
+        if pending and (batch is None or not _same_layout(pending[0], batch)):
+            yield _joined(pending, scratch)
+            first_row += sum(b.count for b in pending)
+            pending = []
+        if batch is None:
+            rows = itertools.chain.from_iterable(map(_unpickle, itertools.chain([blob], blobs)))
+            yield from Feeder._row_batches(partition, rows, first_row)
+            return
+        pending.append(batch)
+        if sum(b.nbytes for b in pending) >= _TARGET_BYTES:
+            yield _joined(pending, scratch)
+            first_row += sum(b.count for b in pending)
+            pending = []
+    if pending:
+        yield _joined(pending, scratch)
+
+
+def _same_layout(a: ColumnBatch, b: ColumnBatch) -> bool:
+    """The batches' columns can be joined: same layout, dtypes and per-row shapes."""
+    return (
+        a.layout == b.layout
+        and len(a.columns) == len(b.columns)
+        and all(x.dtype == y.dtype and x.shape[1:] == y.shape[1:] for x, y in zip(a.columns, b.columns))
+    )
+
+
+def _unpickle(blob: bytes) -> Any:
+    """One batch of rows, as PySpark's pickle serializer loads it."""
+    return pickle.loads(blob, encoding="bytes")
+
+
+def _joined(batches: list[ColumnBatch], scratch: Scratch) -> ColumnBatch:
+    """Decoded batches of one layout as one batch, in ``scratch`` memory (valid until the next)."""
+    if len(batches) == 1:
+        return batches[0]
+    columns = []
+    for j, first in enumerate(batches[0].columns):
+        parts = [b.columns[j] for b in batches]
+        count = sum(len(p) for p in parts)
+        out = scratch.buffer(j, count * first[0:1].nbytes).view(first.dtype).reshape((count, *first.shape[1:]))
+        np.concatenate(parts, out=out)
+        columns.append(out)
+    return ColumnBatch(columns, batches[0].layout, batches[0].names)
 
 
 _heap_frozen = False
