@@ -142,7 +142,7 @@ def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
     """
     import pickle
 
-    from tfonspark.executor.feeder import Feeder, _pickled_batches
+    from tfonspark.executor.feeder import Feeder, decoded_batches
 
     out = []
     for case in cases:
@@ -159,7 +159,7 @@ def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
                 pass
 
         def decoded(blobs: list[bytes] = blobs) -> None:
-            for _ in _pickled_batches(0, iter(blobs)):
+            for _ in decoded_batches(0, iter(blobs)):
                 pass
 
         values = n * case.shape.width

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tfonspark.errors import InputError
-from tfonspark.executor.feeder import Feeder, _pickled_batches
+from tfonspark.executor.feeder import Feeder, decoded_batches
 from tfonspark.wire.codec import pack_rows
 from tfonspark.wire.pickled import PickledRows
 
@@ -119,7 +119,7 @@ def joined(batches: Any) -> list[list[np.ndarray]]:
 
 def test_pickled_batches_deliver_every_row_in_order_in_large_frames():
     rows = RECOGNISED["mnist (list, label)"](1000)
-    batches = joined(_pickled_batches(3, iter(blobs_of(rows, 16))))
+    batches = joined(decoded_batches(3, iter(blobs_of(rows, 16))))
     features = np.concatenate([b[0] for b in batches])
     labels = np.concatenate([b[1] for b in batches])
     assert np.array_equal(features, np.array([r[0] for r in rows]))
@@ -129,7 +129,7 @@ def test_pickled_batches_deliver_every_row_in_order_in_large_frames():
 
 def test_from_the_first_unrecognised_batch_rows_are_unpickled_and_packed():
     rows = [(floats(4), i % 10) for i in range(256)] + [(floats(4), "x") for _ in range(64)]
-    from_pickles = joined(_pickled_batches(0, iter(blobs_of(rows, 64))))
+    from_pickles = joined(decoded_batches(0, iter(blobs_of(rows, 64))))
     labels = [v for b in from_pickles for v in (b[1].tolist() if isinstance(b[1], np.ndarray) else b[1])]
     assert labels == [r[1] for r in rows]
 
@@ -140,7 +140,7 @@ def test_a_ragged_row_is_named_as_the_row_path_names_it():
     with pytest.raises(InputError) as by_rows:
         list(Feeder._row_batches(5, iter(rows)))
     with pytest.raises(InputError) as by_pickles:
-        list(_pickled_batches(5, iter(blobs_of(rows, 64))))
+        list(decoded_batches(5, iter(blobs_of(rows, 64))))
     assert "partition=5, row=257" in str(by_pickles.value)
     assert str(by_pickles.value) == str(by_rows.value)
 
@@ -148,6 +148,6 @@ def test_a_ragged_row_is_named_as_the_row_path_names_it():
 def test_unrecognised_partitions_feed_what_the_row_path_feeds():
     rows = [{"x": i, "y": [i, i]} for i in range(500)]
     want = joined(Feeder._row_batches(0, iter(rows)))
-    got = joined(_pickled_batches(0, iter(blobs_of(rows, 100))))
+    got = joined(decoded_batches(0, iter(blobs_of(rows, 100))))
     for a, b in zip(zip(*got), zip(*want), strict=True):
         assert np.array_equal(np.concatenate(a), np.concatenate(b))

@@ -29,7 +29,7 @@ from ..wire.framing import Connection, connect, connect_unix
 from ..wire.pickled import PickledRows
 from .host import executor_key
 
-__all__ = ["FeedTarget", "Feeder", "choose_target", "pickled_batches", "rdd_feed"]
+__all__ = ["FeedTarget", "Feeder", "choose_target", "decoded_batches", "pickled_batches", "rdd_feed"]
 
 _TARGET_BYTES = 4 * 1024 * 1024
 #: Python objects in one chunk of rows at most: a chunk of list rows is packed after it was
@@ -195,7 +195,7 @@ class Feeder:
 
     def train_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[int]:
         """``train_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
-        yield self._train(partition, _pickled_batches(partition, blobs))
+        yield self._train(partition, decoded_batches(partition, blobs))
 
     def train_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -270,7 +270,7 @@ class Feeder:
 
     def infer_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[Any]:
         """``infer_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
-        for result in self._infer(partition, _pickled_batches(partition, blobs)):
+        for result in self._infer(partition, decoded_batches(partition, blobs)):
             yield from result.rows()
 
     def infer_arrow(self, schema_json: str) -> Any:
@@ -321,7 +321,7 @@ def rdd_feed(rdd: Any, by_rows: Callable[..., Any], by_pickles: Callable[..., An
     return raw.mapPartitionsWithIndex(by_pickles)
 
 
-def _pickled_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBatch]:
+def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBatch]:
     """Batches of about 4 MB from a partition's pickled batches of rows.
 
     Batches whose rows :class:`PickledRows` recognises become columns without unpickling; from
