@@ -18,7 +18,7 @@ from ..errors import ConfigError, FeedError, FeedTimeout, NodeFailed, Reservatio
 from ..executor.feeder import FeedTarget
 from ..wire import messages as m
 from ..wire.errors import reraise, summary
-from .feeding import Feeds
+from .feeding import Feeds, check_num_epochs
 from .launcher import Launcher, LaunchHandle, LocalLauncher, SparkLauncher
 from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
@@ -132,7 +132,6 @@ class Cluster:
         self._teardown_s = 0.0  # how long tearing down after it took
         self._phases = (0.0, 0.0)  # the last start: seconds to every node registered, then up
         self._failed_at = 0.0  # time.time() when the first failed node of the last failure was seen
-        self._epochs_read: dict[tuple[str, str], int] = {}  # (train feed, node) -> last epoch read through
         self._stop_files: list[str] = []
         self._closed = False
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
@@ -178,8 +177,7 @@ class Cluster:
             node.feed_ended = True
             self.server.notify()  # wake waiters on all_done(): the streams' watcher, shutdown
         elif event.kind == "epoch_read":
-            key = (str(event.detail.get("feed_id", "")), node.role.name)
-            self._epochs_read[key] = max(self._epochs_read.get(key, -1), int(event.detail.get("epoch", -1)))
+            pass  # train() reads these from the server's events (_marks_read)
         else:
             log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
 
@@ -393,31 +391,40 @@ class Cluster:
         After a restart the feed goes on from the first epoch that some data node had not read
         through (its end mark not reached): completed epochs are never fed again.
         """
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-            raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
-        feed_id, epoch = uuid.uuid4().hex[:12], 0
+        check_num_epochs(num_epochs)
+        feed_id, epoch, read = uuid.uuid4().hex[:12], 0, -1  # read: the last epoch every node read through
         delivered: dict[int, int] = {}  # epoch -> rows its last feed delivered
-        try:
-            while True:
-                try:
-                    if epoch < num_epochs and not self.all_done():
-                        self.check()
-                        label = f"{self.cluster_id[:8]} epoch {epoch + 1}/{num_epochs}"
-                        delivered[epoch] = self.feeds.train(data, 1, feed_timeout, qname, label=label)
-                        self.feeds.mark_epoch(feed_id, epoch, qname)
-                        epoch += 1
-                        continue
-                    # fed is not read: a node failing on the rows still in its buffer needs them again
-                    self._await_read_through(feed_id, num_epochs - 1, feed_timeout)
-                    return sum(delivered.values())
-                except NodeFailed as error:
-                    read = self._read_through(feed_id)
-                    self._restart(error)
-                    epoch = self.restart_log[-1].refeed_epoch = read + 1
-                    log.info("re-feeding epochs %d-%d of %d after the restart", epoch + 1, num_epochs, num_epochs)
-        finally:
-            for key in [k for k in self._epochs_read if k[0] == feed_id]:
-                del self._epochs_read[key]
+        while True:
+            try:
+                if epoch < num_epochs and not self.all_done():
+                    self.check()
+                    label = f"{self.cluster_id[:8]} epoch {epoch + 1}/{num_epochs}"
+                    delivered[epoch] = self.feeds.train(data, 1, feed_timeout, qname, label=label)
+                    self.feeds.mark_epoch(feed_id, epoch, qname)
+                    epoch += 1
+                    continue
+                # fed is not read: a node failing on the rows still in its buffer needs them again
+                self._await_read_through(feed_id, num_epochs - 1, feed_timeout)
+                return sum(delivered.values())
+            except NodeFailed as error:
+                # the failed attempt's marks (a new attempt's nodes start from the epoch re-fed)
+                marks = self._marks_read(self.server, feed_id)
+                read = max(read, min((marks.get(name, -1) for name in self._data_nodes()), default=-1))
+                self._restart(error)
+                epoch = self.restart_log[-1].refeed_epoch = read + 1
+                log.info("re-feeding epochs %d-%d of %d after the restart", epoch + 1, num_epochs, num_epochs)
+
+    def _data_nodes(self) -> set[str]:
+        return {r.name for r in self.roles if r.job_name in DATA_ROLES}
+
+    @staticmethod
+    def _marks_read(server: RendezvousServer, feed_id: str) -> dict[str, int]:
+        """For each data node, the last epoch of a train feed it read to the end (its end mark)."""
+        read: dict[str, int] = {}
+        for node, event in server.events:
+            if event.kind == "epoch_read" and event.detail.get("feed_id") == feed_id:
+                read[node.role.name] = max(read.get(node.role.name, -1), int(event.detail.get("epoch", -1)))
+        return read
 
     def _await_read_through(self, feed_id: str, epoch: int, timeout: float) -> None:
         """Wait until every data node has read ``epoch`` of a train feed to its end (or has finished).
@@ -425,15 +432,11 @@ class Cluster:
         Gives up, with a warning, once no node has read an epoch mark or reported anything for
         ``timeout`` seconds (a ``map_fun`` that stopped reading): the data was delivered.
         """
-        names = {r.name for r in self.roles if r.job_name in DATA_ROLES}
-        server = self.server
+        names, server = self._data_nodes(), self.server
 
         def read(nodes: Iterable[NodeState]) -> bool:
             done = {n.role.name for n in nodes if n.finished or n.feed_ended}
-            for node, event in server.events:
-                detail = event.detail
-                if event.kind == "epoch_read" and detail.get("feed_id") == feed_id and detail.get("epoch", -1) >= epoch:
-                    done.add(node.role.name)
+            done |= {name for name, last in self._marks_read(server, feed_id).items() if last >= epoch}
             return names <= done
 
         progress = -1
@@ -448,14 +451,6 @@ class Cluster:
                 return
             progress = len(server.events)
         self.check()
-
-    def _read_through(self, feed_id: str) -> int:
-        """The last epoch of a train feed that every data node read to its end (-1: none); reset for the next attempt."""
-        names = [r.name for r in self.roles if r.job_name in DATA_ROLES]
-        read = min((self._epochs_read.get((feed_id, name), -1) for name in names), default=-1)
-        for name in names:
-            self._epochs_read[(feed_id, name)] = read
-        return read
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
         """Feed ``data`` to the nodes and return one result per input row, lazily.

@@ -21,7 +21,7 @@ from ..wire.errors import captured, raise_or
 from ..wire.framing import connect
 from .jobs import run_in_group
 
-__all__ = ["FeedNodes", "Feeds"]
+__all__ = ["FeedNodes", "Feeds", "check_num_epochs"]
 
 
 class FeedNodes(Protocol):
@@ -38,6 +38,12 @@ class FeedNodes(Protocol):
     def all_done(self) -> bool:
         """True once no data node takes data any more (each terminated or exited cleanly)."""
         ...
+
+
+def check_num_epochs(num_epochs: object) -> None:
+    """``num_epochs`` must be a whole number >= 1 (not a bool)."""
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
 
 
 def _is_dataframe(data: Any) -> bool:
@@ -97,8 +103,7 @@ class Feeds:
         of the feed is skipped, as in TFoS, and the rows delivered so far are returned.
         ``feed_id`` names the feed (a stream's micro-batch); a fresh one if empty.
         """
-        if not isinstance(num_epochs, int) or num_epochs < 1:
-            raise ConfigError(f"num_epochs must be a positive integer. Received: {num_epochs!r}")
+        check_num_epochs(num_epochs)
         if getattr(data, "isStreaming", False) is True:
             raise ConfigError("a streaming DataFrame is fed by Cluster.train(), which starts its query")
         feeder = self._feeder(qname, feed_timeout, feed_id)

@@ -100,6 +100,7 @@ def run(
     resolved = settings.resolve(chosen, sc.getConf())
     cluster_id = uuid.uuid4().hex
     heartbeat_secs = min(5.0, resolved.heartbeat_timeout / 4)
+    keras = _node_keras(resolved.legacy_keras, _tfos_face)
 
     def form(attempt: int) -> tuple[RendezvousServer, NodeConfig]:
         """A rendezvous server with a fresh secret, and the nodes' config for ``attempt``."""
@@ -135,7 +136,6 @@ def run(
         )
         return server, config
 
-    keras = _node_keras(resolved.legacy_keras, _tfos_face)
     server, config = form(0)
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)

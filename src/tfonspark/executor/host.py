@@ -121,9 +121,13 @@ def _proc_field(pid: int, name: str) -> str:
         return ""
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after "pid (comm)": state, ppid, ... ([] where unreadable)."""
+    return _proc_field(pid, "stat").rsplit(")", 1)[-1].split()
+
+
 def _parent_of(pid: int) -> int:
-    stat = _proc_field(pid, "stat")
-    fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, ...
+    fields = _stat_fields(pid)
     return int(fields[1]) if len(fields) > 1 else 0
 
 
@@ -152,5 +156,4 @@ def executor_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    stat = _proc_field(pid, "stat")
-    return not stat or stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    return _stat_fields(pid)[:1] != ["Z"]
