@@ -142,7 +142,7 @@ def check_shared_dir(
     collective. A collective: all workers must call it; one worker returns at once.
     """
     task = task_info_of(strategy)
-    workers = _worker_names(task.cluster)
+    workers = task.training_tasks
     name = f"{task.task_type}:{task.task_id}"
     if len(workers) <= 1 or name not in workers:  # alone, or not a training task (evaluator)
         return
@@ -194,11 +194,6 @@ def _remove(path: str) -> None:
         tf.io.gfile.remove(path)
     except (OSError, tf.errors.OpError) as err:
         _log.warning("could not remove the marker %s: %s", path, err)
-
-
-def _worker_names(cluster: Any) -> list[str]:
-    """``chief:0, worker:0, ...``: the training tasks in a fixed order (the chief first)."""
-    return [f"{role}:{i}" for role in ("chief", "worker") for i in range(len(cluster.get(role, ())))]
 
 
 def _address(cluster: Any, name: str) -> str:

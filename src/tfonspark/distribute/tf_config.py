@@ -39,9 +39,14 @@ class TaskInfo:
     cluster: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
+    def training_tasks(self) -> list[str]:
+        """The tasks that train together, ``chief:0, worker:0, ...``, in a fixed order (the chief first)."""
+        return [f"{role}:{i}" for role in _TRAINING_ROLES for i in range(len(self.cluster.get(role, ())))]
+
+    @property
     def num_workers(self) -> int:
         """How many processes train together (chief and workers); 1 without a cluster."""
-        return max(1, sum(len(self.cluster.get(role, ())) for role in _TRAINING_ROLES))
+        return max(1, len(self.training_tasks))
 
     @property
     def is_chief(self) -> bool:
