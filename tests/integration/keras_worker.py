@@ -87,6 +87,7 @@ def main(phase: str, model_dir: str, export_dir: str, out_path: str) -> None:
         "task_id": task.task_id,
         "is_chief": task.is_chief,
         "weights": [w.tolist() for w in model.get_weights()],
+        "iterations": int(model.optimizer.iterations.numpy()),
         "start_weights": start.weights,
         "history": history.history,
         "epochs_run": history.epoch,

@@ -99,6 +99,7 @@ def test_two_workers_train_identically_resume_and_export(tmp_path):
     losses = first[0]["history"]["loss"]
     assert losses[-1] < losses[0] / 100
     assert [(p["step"], p["global_rows"]) for p in first[0]["progress"]] == [(8, 512)] * 4
+    assert [node["iterations"] for node in first] == [32, 32]  # running out of data is no step
 
     # only the chief exported; the other node's scratch export and checkpoints are gone
     assert first[0]["is_chief"] and not first[1]["is_chief"]
@@ -117,6 +118,7 @@ def test_two_workers_train_identically_resume_and_export(tmp_path):
         assert node["start_weights"] == first[0]["weights"]  # restored, not re-initialised
         # uneven input: 8 and 7 batches; both nodes run 8 steps, 256 + 224 rows
         assert node["progress"] == [{"epoch": 4, "step": 8, "global_rows": 480}]
+        assert node["iterations"] == 40  # the restored 32 and this epoch's 8 (uneven input: not 9)
     for a, b in zip(second[0]["weights"], second[1]["weights"], strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     assert second[0]["history"]["loss"][0] < losses[-1]

@@ -239,6 +239,22 @@ def test_finite_dataset_with_steps_per_epoch_restarts_when_it_runs_out(strategy,
     assert "ran out of data after 3 of 5 steps" in caplog.text
 
 
+def test_the_end_of_the_data_is_not_an_optimizer_step(strategy):
+    """The step that finds no batch must not count: Adam's bias correction reads the iterations."""
+    model = _linear_model(strategy, optimizer="adam")
+    tfk.fit(model, _linear_ds(), epochs=3, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3 * 8
+    keras.utils.set_random_seed(1)
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])  # Keras' own fit, no strategy
+    plain.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    plain.fit(_linear_ds(), epochs=3, verbose=0)
+    for ours, theirs in zip(_weights(model), _weights(plain), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    carried = _linear_model(strategy, optimizer="adam")
+    tfk.fit(carried, _linear_ds(), epochs=3, steps_per_epoch=5, verbose=0)
+    assert int(carried.optimizer.iterations.numpy()) == 5 + 3 + 5  # as in the test above
+
+
 def test_progress_goes_to_the_log_by_default(strategy, caplog):
     model = _linear_model(strategy)
     with caplog.at_level(logging.INFO, logger="tfonspark.distribute.keras_fit"):

@@ -8,7 +8,9 @@ loop around it:
 
 * each step runs ``strategy.run(model.train_step, ...)`` in a ``tf.function``; Keras already
   scales the loss by the replica count and the optimizer all-reduces the gradients, so the
-  variables stay identical on all workers;
+  variables stay identical on all workers. The step's updates wait for its batch, so the call
+  that finds the data exhausted changes nothing (``optimizer.iterations`` counts trained
+  batches, as under Keras' own ``fit``);
 * batch-level logs are this worker's running metric values (no extra collective per step);
   epoch-level logs are read from the metrics' sync-on-read variables in cross-replica context,
   which sums the metric state over all workers: they are global and identical on every node, so
@@ -49,9 +51,8 @@ between epochs, as in Keras; if it runs out the epoch ends early and the next on
 
 With ``model_dir``, ``<model_dir>/checkpoints`` receives a checkpoint (model, optimizer, epoch and
 step within the epoch) every ``checkpoint_every_steps`` training steps of an epoch (default
-:data:`DEFAULT_CHECKPOINT_EVERY_STEPS`, 100: the MNIST demo CNN spent under 0.5% of its
-training time in these saves on a busy 2-core machine, ``benchmarks/checkpoint.py``) and at every
-epoch end; the latest ``max_to_keep`` are kept.
+:data:`DEFAULT_CHECKPOINT_EVERY_STEPS`, 100: they cost the MNIST demo CNN 0.3-0.5% per step,
+``benchmarks/checkpoint.py``) and at every epoch end; the latest ``max_to_keep`` are kept.
 A later ``fit`` with the same ``model_dir`` (e.g. in the TF process the driver starts again after
 a node failure, ``ctx.attempt > 0``) restores the latest one and goes on from there, as Keras'
 ``BackupAndRestore`` does: ``epochs`` is the total to reach, not a number to add, and a failure
@@ -389,7 +390,8 @@ class DistributedTrainer:
         strategy = self.strategy
 
         def replica_step(data: Any) -> tuple[Any, tf.Tensor]:
-            return step(data), tf.shape(tf.nest.flatten(data)[0])[0]
+            with tf.control_dependencies(tf.nest.flatten(data)):  # no update when next() fails
+                return step(data), tf.shape(tf.nest.flatten(data)[0])[0]
 
         def one_step(iterator: Any) -> Any:
             return strategy.run(replica_step, args=(next(iterator),))
