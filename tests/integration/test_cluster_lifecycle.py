@@ -11,6 +11,7 @@ import pytest
 
 import tfonspark
 from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
+from tfonspark.testing import free_ports
 
 from .conftest import by_value, listening_ports, node_processes, wait_until
 
@@ -194,7 +195,7 @@ def _sleep_until_stopped(args, ctx):
 
 
 def test_tensorboard_serves_until_shutdown(sc, tmp_path, no_leftovers):
-    port = _free_port()  # the tensorboard_port setting (keyword, Spark conf or TENSORBOARD_PORT)
+    (port,) = free_ports()  # the tensorboard_port setting (keyword, Spark conf or TENSORBOARD_PORT)
     cluster = tfonspark.run(
         sc,
         _sleep_until_stopped,
@@ -211,14 +212,6 @@ def test_tensorboard_serves_until_shutdown(sc, tmp_path, no_leftovers):
     assert wait_until(lambda: _http_status(local) == 200, 30)
     cluster.shutdown(timeout=120)
     assert wait_until(lambda: _http_status(local) is None, 20)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http_status(url: str) -> int | None:

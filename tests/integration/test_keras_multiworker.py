@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,24 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tfonspark.testing import free_ports
+
 WORKER = Path(__file__).with_name("keras_worker.py")
 TIMEOUT_S = 60
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _run_cluster(phase: str, tmp: Path, **extra_env: str) -> list[dict]:
     """Start two workers with TF_CONFIG, wait for both, return their JSON results by task id."""
-    addresses = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     scratch = tmp / "scratch"
     scratch.mkdir(exist_ok=True)
     procs = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,25 +23,16 @@ import time
 import numpy as np
 import pytest
 
+from tfonspark.testing import free_ports
+
 TIMEOUT_S = 180  # two TF processes: measured 57 s at load 12 and 100 s at load 15 on 2 cores
 GLOBAL_BATCH = 32
 ROWS = 256  # 8 steps per epoch
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def test_two_workers_refuse_unshared_model_dirs_then_resume_mid_epoch(tmp_path):
     pytest.importorskip("tensorflow")
-    addresses = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = []
     for index in range(2):
         env = dict(

@@ -25,6 +25,7 @@ from tfonspark.config import NodeConfig
 from tfonspark.driver.plan import build_cluster_spec, plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer, bind_server_socket
 from tfonspark.errors import AuthenticationError, ConfigError, ProtocolError
+from tfonspark.testing import free_ports
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
@@ -483,12 +484,6 @@ def test_close_releases_nodes_waiting_for_the_cluster(make_server):
 # ---- (e) ports ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_from_environment(make_server, environ: dict[str, str], host: str = "127.0.0.1") -> RendezvousServer:
     """The server as run() makes it (advertising ``host``), from settings resolved from ``environ``."""
     resolved = settings.resolve(environ=environ)
@@ -497,7 +492,7 @@ def _server_from_environment(make_server, environ: dict[str, str], host: str = "
 
 def test_tfos_server_port_is_honoured(make_server):
     for _ in range(5):  # another process may grab the port in between; retry a few times
-        port = _free_port()
+        (port,) = free_ports()
         try:
             server = _server_from_environment(make_server, {"TFOS_SERVER_PORT": str(port)})
         except ConfigError:

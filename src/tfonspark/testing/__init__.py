@@ -2,6 +2,7 @@
 
 from .driver import FakeDriver
 from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher, fake_nvidia_smi
+from .ports import free_ports
 from .spark import SparkManager, StandaloneCluster, spark_conf, spark_home
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "SparkManager",
     "StandaloneCluster",
     "fake_nvidia_smi",
+    "free_ports",
     "spark_conf",
     "spark_home",
 ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError
+from .ports import free_ports
 
 __all__ = ["SparkManager", "StandaloneCluster", "spark_conf", "spark_home"]
 
@@ -68,12 +68,6 @@ def spark_conf(master: str, app_name: str = "tfonspark", **extra: str) -> Any:
     return conf
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class StandaloneCluster:
     """A Spark standalone master and ``workers`` workers on 127.0.0.1, each in its own JVM."""
 
@@ -81,8 +75,7 @@ class StandaloneCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.port = _free_port()
-        self.ui_port = _free_port()
+        self.port, self.ui_port = free_ports(2)
         self.url = f"spark://127.0.0.1:{self.port}"
         self._procs: list[subprocess.Popen[bytes]] = []
         self._dir = tempfile.mkdtemp(prefix="tfos-standalone-")
@@ -123,7 +116,7 @@ class StandaloneCluster:
                 "-m",
                 self.memory,
                 "--webui-port",
-                str(_free_port()),
+                str(free_ports()[0]),
             )
         self._wait_for_workers(timeout)
         return self
