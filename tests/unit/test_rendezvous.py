@@ -547,6 +547,47 @@ def test_bind_server_socket_any_port():
         sock.close()
 
 
+def _time_wait_port() -> int:
+    """A port whose listener is closed but whose accepted connection is in TIME-WAIT (it closed first)."""
+    sock = bind_server_socket("127.0.0.1")
+    port = sock.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    accepted, _ = sock.accept()
+    accepted.close()  # the server side closes first: its end (on the server's port) goes to TIME-WAIT
+    client.recv(1)  # the FIN arrived
+    client.close()
+    sock.close()
+    return port
+
+
+def test_a_fixed_server_port_can_be_bound_again_while_in_time_wait():
+    """A restart (max_restarts) re-binds the same server_port right after the last attempt closed it."""
+    port = _time_wait_port()
+    again = bind_server_socket("127.0.0.1", str(port))  # before SO_REUSEADDR: "Address already in use"
+    try:
+        assert again.getsockname()[1] == port
+        assert again.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+    finally:
+        again.close()
+
+
+def test_reuse_addr_does_not_share_a_live_listener_or_a_reserved_port():
+    live = bind_server_socket("127.0.0.1")
+    port = live.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError, match=f"port.*{port}"):
+            bind_server_socket("127.0.0.1", str(port))  # both have SO_REUSEADDR: still refused
+    finally:
+        live.close()
+    reserved = socket.socket()  # as executor/host.reserve_port holds a node's port: bound, no listen
+    reserved.bind(("127.0.0.1", 0))
+    try:
+        with pytest.raises(ConfigError):
+            bind_server_socket("127.0.0.1", str(reserved.getsockname()[1]))
+    finally:
+        reserved.close()
+
+
 # ---- (f) the secret stays secret -------------------------------------------------------------------
 
 

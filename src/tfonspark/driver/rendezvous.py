@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -65,11 +66,19 @@ def _port_candidates(spec: str | None) -> list[int]:
 
 
 def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4096) -> socket.socket:
-    """A listening socket on ``host`` at the first free port of ``port_spec`` (any port if empty)."""
+    """A listening socket on ``host`` at the first free port of ``port_spec`` (any port if empty).
+
+    ``SO_REUSEADDR`` lets a fixed ``server_port`` be bound again while connections of the last
+    server on it are in TIME-WAIT (a restart with ``max_restarts``). On POSIX it never lets two
+    live listeners share a port, nor takes a port another socket holds without the option (a
+    node's reservation); ``SO_REUSEPORT``, which would, is never set.
+    """
     last: OSError | None = None
     for port in _port_candidates(port_spec):
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
+            if os.name == "posix":  # on Windows the option means what SO_REUSEPORT means on Linux
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
             sock.listen(backlog)
             return sock
