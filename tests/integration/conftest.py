@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+
+from tfonspark.testing import free_ports
 
 NODE_MARKERS = ("tfonspark.tfprocess.entry", "tfonspark.executor.supervisor", "tensorboard.main")
 
@@ -83,3 +89,50 @@ def by_value(module_name: str) -> None:
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
+
+
+def run_tf_workers(script: Path, args_of, tmp: Path, *, timeout: float = 60.0, **extra_env: str) -> list[dict]:
+    """Run ``script`` as two MWMS workers over 127.0.0.1 (TF_CONFIG set, no Spark); wait for both.
+
+    ``args_of(index)`` gives worker ``index``'s command-line arguments after the script, the last
+    of which is where it writes its JSON result; returns the results by task id. A worker that
+    fails or outlives ``timeout`` fails the test with the tail of its log.
+    """
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    scratch = tmp / "scratch"
+    scratch.mkdir(exist_ok=True)
+    procs, logs, results = [], [], []
+    for index in range(2):
+        env = dict(os.environ)
+        env.update(
+            TF_CONFIG=json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}),
+            TF_CPP_MIN_LOG_LEVEL="2",
+            TF_NUM_INTRAOP_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            TMPDIR=str(scratch),
+            **extra_env,
+        )
+        args = [str(a) for a in args_of(index)]
+        results.append(Path(args[-1]))
+        log_path = tmp / f"{script.stem}-{index}-{time.monotonic_ns()}.log"
+        logs.append(log_path)
+        with open(log_path, "w") as log:
+            procs.append(
+                subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for index, proc in enumerate(procs):
+        if proc.returncode != 0:
+            tail = logs[index].read_text()[-3000:]
+            pytest.fail(f"{script.name} worker {index} exited with {proc.returncode}:\n{tail}")
+    return [json.loads(path.read_text()) for path in results]

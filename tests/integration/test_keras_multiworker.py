@@ -6,17 +6,13 @@ same model_dir with ``epochs=5`` and uneven per-worker input, and must run only 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tfonspark.testing import free_ports
+from .conftest import run_tf_workers
 
 WORKER = Path(__file__).with_name("keras_worker.py")
 TIMEOUT_S = 60
@@ -24,50 +20,13 @@ TIMEOUT_S = 60
 
 def _run_cluster(phase: str, tmp: Path, **extra_env: str) -> list[dict]:
     """Start two workers with TF_CONFIG, wait for both, return their JSON results by task id."""
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    scratch = tmp / "scratch"
-    scratch.mkdir(exist_ok=True)
-    procs = []
-    for index in range(2):
-        env = dict(os.environ)
-        env.update(
-            TF_CONFIG=json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}),
-            TF_CPP_MIN_LOG_LEVEL="2",
-            TF_NUM_INTRAOP_THREADS="1",
-            CUDA_VISIBLE_DEVICES="",
-            TMPDIR=str(scratch),
-            **extra_env,
-        )
-        log = open(tmp / f"{phase}-{index}.log", "w")  # noqa: SIM115 - closed below
-        args = [str(tmp / "model"), str(tmp / "export"), str(tmp / f"{phase}-{index}.json")]
-        procs.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, str(WORKER), phase, *args],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                ),
-                log,
-            )
-        )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        for proc, _ in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    for index, (proc, _) in enumerate(procs):
-        if proc.returncode != 0:
-            tail = (tmp / f"{phase}-{index}.log").read_text()[-3000:]
-            pytest.fail(f"{phase} worker {index} exited with {proc.returncode}:\n{tail}")
-    return [json.loads((tmp / f"{phase}-{i}.json").read_text()) for i in range(2)]
+    return run_tf_workers(
+        WORKER,
+        lambda i: [phase, tmp / "model", tmp / "export", tmp / f"{phase}-{i}.json"],
+        tmp,
+        timeout=TIMEOUT_S,
+        **extra_env,
+    )
 
 
 def test_two_workers_train_identically_resume_and_export(tmp_path):

@@ -255,6 +255,84 @@ def test_the_end_of_the_data_is_not_an_optimizer_step(strategy):
     assert int(carried.optimizer.iterations.numpy()) == 5 + 3 + 5  # as in the test above
 
 
+def _conv_bn_model(strategy, *, eager=False):
+    """Conv2D + BatchNormalization with plain SGD: an empty batch must leave it untouched."""
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Conv2D(2, 3),
+                keras.layers.BatchNormalization(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            run_eagerly=eager,
+        )
+    return model
+
+
+def _image_batches(empty_after: int | None = None) -> tf.data.Dataset:
+    """3 batches of 8 images; with ``empty_after``, a 0-row batch after that many batches."""
+    rng = np.random.default_rng(5)
+    x, y = rng.random((24, 8, 8, 1), dtype=np.float32), rng.integers(0, 3, 24)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    if empty_after is None:
+        return ds
+    empty = tf.data.Dataset.from_tensors((x[:0], y[:0]))
+    return ds.take(empty_after).concatenate(empty).concatenate(ds.skip(empty_after))
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["traced", "run_eagerly"])
+def test_an_empty_batch_never_reaches_the_model(strategy, eager):
+    """oneDNN's Conv2D rejects 0 rows and BatchNormalization makes NaNs of them: the step skips
+    the model, contributes zero gradients and no metric update, and still counts as a step."""
+    model = _conv_bn_model(strategy, eager=eager)
+    history = tfk.fit(model, _image_batches(empty_after=1), epochs=2, shard_policy="off", verbose=0)
+    reference = _conv_bn_model(strategy)
+    expected = tfk.fit(reference, _image_batches(), epochs=2, shard_policy="off", verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2 * 4  # the empty batch is a step ...
+    for ours, theirs in zip(_weights(model), _weights(reference), strict=True):  # ... with no effect
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(history.history[key], expected.history[key], rtol=1e-5)
+    evaluated = tfk.fit(model, _image_batches(), epochs=3, validation_data=_image_batches(empty_after=3), verbose=0)
+    assert np.isfinite(evaluated.history["val_loss"]).all()
+
+
+def test_an_empty_batch_with_a_custom_train_step_and_sparse_gradients(strategy):
+    """A custom train_step (its own logs, apply_gradients) and an Embedding's IndexedSlices."""
+
+    class Custom(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            return {"custom_loss": loss}
+
+    keras.utils.set_random_seed(4)
+    with strategy.scope():
+        inputs = keras.Input((4,), dtype="int32")
+        outputs = keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(50, 2)(inputs)))
+        model = Custom(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    rng = np.random.default_rng(6)
+    x, y = rng.integers(0, 50, (16, 4)).astype("int32"), rng.random((16, 1), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    ds = ds.concatenate(tf.data.Dataset.from_tensors((x[:0], y[:0])))
+    before = _weights(model)
+    history = tfk.fit(model, ds, epochs=1, shard_policy="off", verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3
+    assert not np.allclose(_weights(model)[0], before[0])
+    assert np.isfinite(history.history["custom_loss"]).all()
+
+
 def test_progress_goes_to_the_log_by_default(strategy, caplog):
     model = _linear_model(strategy)
     with caplog.at_level(logging.INFO, logger="tfonspark.distribute.keras_fit"):

@@ -90,6 +90,7 @@ import tensorflow as tf
 
 from ..errors import ConfigError, InputError
 from .checkpoint import EpochCheckpoint, Position, check_shared_dir, export_saved_model
+from .replica_steps import batch_rows, guarded_test_step, guarded_train_step
 from .strategies import check_model_strategy, keras_flavor, sum_across_replicas, task_info_of
 from .strategies import strategy as process_strategy
 
@@ -329,7 +330,7 @@ class DistributedTrainer:
             strategy = self.strategy
 
             def skip_one(iterator: Any) -> Any:
-                return strategy.run(lambda data: tf.shape(tf.nest.flatten(data)[0])[0], args=(next(iterator),))
+                return strategy.run(batch_rows, args=(next(iterator),))
 
             skip_fn = self._skip_fn = skip_one if self.model.run_eagerly else tf.function(skip_one)
         for skipped in range(count):
@@ -386,12 +387,8 @@ class DistributedTrainer:
         cached = self._train_fn if kind == "train" else self._test_fn
         if cached is not None:
             return cached
-        step = self.model.train_step if kind == "train" else self.model.test_step
+        replica_step = guarded_train_step(self.model) if kind == "train" else guarded_test_step(self.model)
         strategy = self.strategy
-
-        def replica_step(data: Any) -> tuple[Any, tf.Tensor]:
-            with tf.control_dependencies(tf.nest.flatten(data)):  # no update when next() fails
-                return step(data), tf.shape(tf.nest.flatten(data)[0])[0]
 
         def one_step(iterator: Any) -> Any:
             return strategy.run(replica_step, args=(next(iterator),))
