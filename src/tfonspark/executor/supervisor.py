@@ -113,6 +113,9 @@ class Supervisor:
         try:
             self._spawning = True  # SIGTERM from now on stops the TF process instead of us
             proc = self.proc = self._spawn(reply, host, port_sock, status_w)
+        except OSError as exc:  # EAGAIN/ENOMEM from fork, a missing interpreter: the node fails, saying why
+            os.close(status_r)
+            return self._cannot_start(conn, exc)
         finally:
             os.close(status_w)
         port_sock.close()  # the TF process holds the reservation now; it alone releases it
@@ -183,10 +186,20 @@ class Supervisor:
     def _spawn(
         self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
     ) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
         # every temp file of the TF process (its feed socket, checkpoint scratch, TensorFlow's
         # and the user's own) lands in one private directory that is removed when it exits
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")  # whose it is
+        try:
+            return self._start_tf_process(ready, host, port_sock, status_w)
+        except BaseException:  # no TF process: _run's clean-up never starts, so the directory goes here
+            remove_scratch(self.scratch)
+            self.scratch = ""
+            raise
+
+    def _start_tf_process(
+        self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
         env["TMPDIR"] = env["TMP"] = env["TEMP"] = self.scratch
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
