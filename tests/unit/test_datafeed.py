@@ -153,3 +153,61 @@ def test_as_dataset_and_drain_share_the_feed():
         assert 4000 - 500 - dropped <= 6 * 100
     finally:
         server.close()
+
+
+class _Stream:
+    """One partition of a hand-filled feed: its rows are answered into ``results``."""
+
+    partition = 0
+
+    def __init__(self, train: bool) -> None:
+        self.train = train
+        self.closed = threading.Event()
+        self.results: list = []
+
+    def answer(self, batch) -> None:
+        self.results.extend(batch.rows())
+
+    def maybe_finish(self) -> None:
+        pass
+
+
+def _feed_with_empty_batches(train: bool) -> tuple[DataFeed, _Stream]:
+    """5 rows as [2 rows, 0 rows, 3 rows, 0 rows], then the end of the feed: the 0-row batches
+    are what a 0-row Arrow batch of a DataFrame partition becomes."""
+    from tfonspark.tfprocess.feedserver import END_FEED
+    from tfonspark.tfprocess.localfeed import LocalFeeds
+    from tfonspark.wire.codec import pack_rows
+
+    feeds, stream = LocalFeeds(["input", "output"]), _Stream(train)
+    rows = pack_rows([(np.full(3, i, np.float32), i) for i in range(5)])
+    queue = feeds.queue("input")
+    for batch in (rows.slice(0, 2), rows.slice(0, 0), rows.slice(2, 5), rows.slice(5, 5)):
+        queue.put(stream, batch, batch.nbytes)
+    queue.put(stream, None)  # the partition's end
+    queue.put(None, END_FEED)
+    return DataFeed(feeds, train_mode=train), stream
+
+
+def test_a_reader_never_gets_a_zero_row_batch():
+    feed, _ = _feed_with_empty_batches(train=True)
+    sizes = []
+    while (batch := feed.next_columns(5)) is not None:  # the second read starts at a 0-row batch
+        sizes.append(batch.count)
+    assert sizes == [5]
+
+
+def test_as_dataset_never_yields_an_empty_batch():
+    pytest.importorskip("tensorflow")
+    feed, _ = _feed_with_empty_batches(train=True)
+    labels = [b[1].numpy().tolist() for b in feed.as_dataset(5)]
+    assert labels == [[0, 1, 2, 3, 4]]
+
+
+def test_inference_reads_skip_zero_row_batches_and_answer_every_row():
+    feed, stream = _feed_with_empty_batches(train=False)
+    sizes = []
+    while (batch := feed.next_columns(10)) is not None:
+        sizes.append(batch.count)
+        feed.batch_results([int(label) * 10 for _, label in batch.rows()])
+    assert sizes == [5] and stream.results == [0, 10, 20, 30, 40]

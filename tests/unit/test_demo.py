@@ -202,3 +202,18 @@ def test_python_m_tfonspark_demo_runs_the_cli():
         [sys.executable, "-m", "tfonspark.demo", "--epochs", "0"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 1 and "--epochs must be >= 1" in out.stderr
+
+
+def test_the_demo_evaluation_never_calls_the_model_on_zero_rows():
+    from tfonspark.demo.node import predict_classes
+
+    sizes: list[int] = []
+
+    def model(features, training):
+        assert len(features) > 0, "called on an empty batch"
+        sizes.append(len(features))
+        return np.eye(3)[np.full(len(features), 2)]
+
+    assert predict_classes(model, np.zeros((2001, 4), np.float32)).tolist() == [2] * 2001
+    assert sizes == [1000, 1000, 1]
+    assert predict_classes(model, np.zeros((0, 4), np.float32)).shape == (0,) and sizes == [1000, 1000, 1]

@@ -435,3 +435,42 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
     )
     (out,) = inference.serve_arrays(iter([column]), plan)
     np.testing.assert_allclose(np.array(out.to_pylist()), model.predict(images, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv2d_model_is_never_served_an_empty_batch(tmp_path):
+    """oneDNN's Conv2D kernels reject 0 rows; 0-row record batches get 0-row outputs unserved."""
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            keras.layers.Conv2D(2, 2, activation="relu"),
+            keras.layers.Conv2D(2, 2, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1),
+        ]
+    )
+    serve = tf.function(lambda image: {"score": model(image)}, input_signature=[tf.TensorSpec([None, 4, 4, 1])])
+    module = tf.Module()
+    module.model = model
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": serve})
+    ModelCache.clear()
+    plan = inference.plan_serving(
+        _schema(img=T.ArrayType(T.FloatType())),
+        export_dir=str(tmp_path),
+        tag_set="serve",
+        signature_def_key=None,
+        input_mapping={"img": "image"},
+        output_mapping={"score": "score"},
+        batch_size=4,
+    )
+
+    def images(count):
+        return pa.RecordBatch.from_pydict({"img": pa.array([[1.0] * 16] * count, pa.list_(pa.float32()))})
+
+    out = list(inference.serve_batches(iter([images(3), images(0), images(2), images(0)]), plan))
+    assert [b.num_rows for b in out] == [3, 0, 2, 0]
+    x = np.ones((1, 4, 4, 1), np.float32)
+    expected = float(np.asarray(model(x))[0, 0])
+    assert out[0].column("score").to_pylist()[0] == pytest.approx([expected], rel=1e-5)

@@ -113,6 +113,8 @@ class DataFeed:
                 continue
             if stream is not None and not stream.train and stream.closed.is_set():
                 continue  # its feeder is gone: Spark retries the partition, whose results count
+            if item.count == 0:
+                continue  # no rows to read or answer: no reader ever gets a 0-row batch
             self._pending = (stream, item, 0)
         return True
 
