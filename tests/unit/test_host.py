@@ -206,3 +206,63 @@ def test_tensorboard_ipv6_url_is_bracketed(fake_tensorboard, tmp_path):
     assert url == "http://[fd00::5]:6125"
     assert _arg(_FakeTensorBoard.last, "--host") == "::"
     assert fake_tensorboard == [("::1", 6125)]
+
+
+# ---- the reservation holds the port on every family (issue 21, row 8) --------------------------
+
+
+def _ipv6_addresses() -> list[str]:
+    """The IPv6 addresses an intruder could bind here: the wildcard and loopback (when the host has IPv6)."""
+    if not socket.has_ipv6:
+        return []
+    try:
+        _bind(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return []
+    return ["::", "::1"]
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"reuseaddr": True}, {"reuseport": True, "reuseaddr": True}, {"reuseport": True}]
+)
+def test_the_reservation_also_holds_the_port_on_ipv6(options):
+    """Another user bound [::1]:port during an IPv4-only reservation and got the connections made to ::1."""
+    addresses = _ipv6_addresses()
+    if not addresses:
+        pytest.skip("no IPv6 on this host")
+    if options.get("reuseport") and not hasattr(socket, "SO_REUSEPORT"):
+        pytest.skip("no SO_REUSEPORT")
+    reserved = host.reserve_port()  # what the supervisor does for a node with an IPv4 address
+    port = reserved.getsockname()[1]
+    try:
+        for address in addresses:
+            with pytest.raises(OSError) as info:
+                _bind((address, port), family=socket.AF_INET6, listen=True, **options).close()
+            assert info.value.errno == errno.EADDRINUSE, (address, options)
+        for address in _local_addresses():  # and still every IPv4 address
+            with pytest.raises(OSError) as info:
+                _bind((address, port), listen=True, **options).close()
+            assert info.value.errno == errno.EADDRINUSE, (address, options)
+    finally:
+        reserved.close()
+    for address in addresses:  # released: TF's server (dual-stack, SO_REUSEADDR) binds at once
+        _bind((address, port), family=socket.AF_INET6, reuseaddr=True, listen=True).close()
+
+
+def test_a_host_without_ipv6_still_gets_an_ipv4_reservation(monkeypatch):
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)
+
+    monkeypatch.setattr(host.socket, "socket", no_ipv6)
+    reserved = host.reserve_port()
+    try:
+        assert reserved.family == socket.AF_INET
+        with pytest.raises(OSError) as info:
+            _bind(("0.0.0.0", reserved.getsockname()[1]), reuseaddr=True).close()
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        reserved.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
 import ipaddress
 import os
@@ -70,27 +70,24 @@ def bind_address(bind_host: str, advertised: str) -> str:
     return bind_host or advertised
 
 
-def reserve_port(port: int = 0, ipv6: bool = False) -> socket.socket:
+def reserve_port(port: int = 0, ipv6: bool = True) -> socket.socket:
     """Bind (without listening) a TCP port so no other process takes it before TF does.
 
     The socket binds the wildcard address with neither ``SO_REUSEADDR`` nor ``SO_REUSEPORT``:
     on Linux any other bind of that port, on any local address and whatever options the other
     socket sets, then fails with ``EADDRINUSE`` until the reservation is closed (a socket that
     never listened or connected leaves no TIME_WAIT behind, so TF binds the port right after).
-    With ``ipv6`` it is a dual-stack ``::`` socket, which holds the IPv4 port as well.
 
-    The socket is inheritable so the TF process can hold it until it releases the port.
+    Where the host has IPv6 it is one dual-stack ``[::]`` socket (``IPV6_V6ONLY`` off), so the
+    port is held on both families: an IPv4-only reservation left ``[::1]:port`` to anyone.
+    Without IPv6 (no ``AF_INET6``, or a stack that cannot be dual) it holds ``0.0.0.0:port``.
+    ``ipv6`` is accepted for older callers and ignored: the reservation covers IPv6 wherever
+    the host has it, whatever the node's own address family.
+
+    The socket is inheritable so the TF process can hold it until it hands the port over.
     """
-    sock = None
-    if ipv6 and socket.has_ipv6:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        try:
-            with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", port))
-        except OSError:  # no IPv6 on this host: hold the IPv4 port
-            sock.close()
-            sock = None
+    del ipv6  # both families are held wherever the host can
+    sock = _dual_stack(port)
     if sock is None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -99,6 +96,34 @@ def reserve_port(port: int = 0, ipv6: bool = False) -> socket.socket:
             sock.close()
             raise
     sock.set_inheritable(True)
+    return sock
+
+
+def _dual_stack(port: int) -> socket.socket | None:
+    """``[::]:port`` bound with ``IPV6_V6ONLY`` off, or None where the host cannot have that.
+
+    A port already taken (``EADDRINUSE``) raises: holding only its IPv4 half would not do.
+    """
+    v6only = getattr(socket, "IPV6_V6ONLY", None)
+    if not socket.has_ipv6 or v6only is None:
+        return None
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 in this kernel
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, v6only, 0)
+        if sock.getsockopt(socket.IPPROTO_IPV6, v6only):
+            raise OSError(errno.EOPNOTSUPP, "IPV6_V6ONLY cannot be turned off")
+        sock.bind(("::", port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise
+        return None
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
