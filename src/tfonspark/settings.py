@@ -38,11 +38,13 @@ __all__ = [
     "DEFAULT_FEED_BUFFER_BYTES",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "LEGACY_KERAS_MODES",
+    "MAX_TIMEOUT_SECONDS",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
     "Setting",
     "Settings",
     "check",
+    "check_timeout",
     "markdown_table",
     "node_value",
     "port_range",
@@ -55,6 +57,13 @@ DEFAULT_FEED_BUFFER_BYTES = 64 * MiB
 MIN_FEED_BUFFER_BYTES = 1 * MiB
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 """Seconds of control-channel silence after which a node (or the driver) is taken as gone."""
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+"""The longest timeout any setting may have: a week (604800 s).
+
+Timeouts end up in ``socket.settimeout`` (fails past ~1e9 s), ``selectors``/``epoll``
+(milliseconds in a C int: fails past 24.8 days) and ``threading`` waits; a week is far inside
+all of them, and longer than any wait that still means "not gone"."""
+_TIMEOUT_VALID = f"a number of seconds > 0 and <= {MAX_TIMEOUT_SECONDS} (a week)"
 COLLECTIVES = ("auto", "ring", "nccl")
 """Collective implementations of ``MultiWorkerMirroredStrategy`` (``CommunicationImplementation``)."""
 DEFAULT_COLLECTIVE = "auto"
@@ -128,10 +137,11 @@ def _feed_bytes(raw: object) -> int:
 
 
 def _seconds(raw: object) -> float:
+    """A timeout: seconds > 0 and at most :data:`MAX_TIMEOUT_SECONDS` (nan and inf are refused)."""
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise ValueError
     value = float(raw)
-    if not (value > 0 and math.isfinite(value)):
+    if not (value > 0 and math.isfinite(value) and value <= MAX_TIMEOUT_SECONDS):
         raise ValueError
     return value
 
@@ -234,7 +244,7 @@ SETTINGS: tuple[Setting, ...] = (
         ("TFONSPARK_HEARTBEAT_TIMEOUT",),
         DEFAULT_HEARTBEAT_TIMEOUT,
         _seconds,
-        "a number of seconds > 0",
+        _TIMEOUT_VALID,
         "seconds of control-channel silence after which a node (or the driver) is taken as gone",
         default_text="60 s",
     ),
@@ -301,7 +311,7 @@ def _parse(setting: Setting, raw: object, key: str, source: str) -> Any:
     """``setting.parse(raw)``, or a ConfigError naming ``key``, what is valid and ``source``."""
     try:
         return setting.parse(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{key} must be {setting.valid}. Received: {raw!r} (from {source})") from None
 
 
@@ -354,6 +364,16 @@ def check(name: str, value: object, key: str | None = None, source: str = "the a
     """Validate ``value`` for setting ``name`` where it is given directly in code (a helper's
     argument, a ``NodeConfig`` field); errors name ``key`` (default: ``name``) and ``source``."""
     return _parse(_BY_NAME[name], value, key or name, source)
+
+
+def check_timeout(name: str, value: object, source: str = "the argument") -> float:
+    """``value`` as seconds for a timeout given in code (``feed_timeout``, ``reservation_timeout``...),
+    with the settings' rule: > 0 and at most :data:`MAX_TIMEOUT_SECONDS`; else a ConfigError
+    naming ``name``, the value received, the valid range and ``source``."""
+    try:
+        return _seconds(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name} must be {_TIMEOUT_VALID}. Received: {value!r} (from {source})") from None
 
 
 def node_value(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import selectors
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -135,6 +138,62 @@ def test_bad_values_are_config_errors(name, bad):
         resolve({name: bad}, None, {})
 
 
+def test_a_timeout_past_the_documented_maximum_is_a_config_error():
+    """heartbeat_timeout=1e10 was accepted; the socket timeout then overflowed and the node was
+    lost with "Bad file descriptor" after 5 s instead of a ConfigError (issue 21, row 7)."""
+    assert settings.MAX_TIMEOUT_SECONDS == 7 * 24 * 3600  # a week: what sockets, selectors and threads accept
+    for bad, source, key in [
+        (1e10, None, "heartbeat_timeout"),
+        ("604801", "conf", "spark.tfonspark.heartbeatTimeout"),
+        ("1e300", "env", "TFONSPARK_HEARTBEAT_TIMEOUT"),
+    ]:
+        arguments = {"heartbeat_timeout": bad} if source is None else {}
+        conf = {key: bad} if source == "conf" else None
+        env = {key: bad} if source == "env" else {}
+        with pytest.raises(ConfigError) as info:
+            resolve(arguments, conf, env)
+        assert str(info.value).startswith(
+            f"{key} must be a number of seconds > 0 and <= 604800 (a week). Received: {bad!r}"
+        ), info.value
+    with pytest.raises(
+        ConfigError, match=r"^heartbeat_timeout must be .*<= 604800.*Received: 10000000000.0 \(from NodeConfig\)"
+    ):
+        NodeConfig(**NODE, heartbeat_timeout=1e10)
+    assert resolve({"heartbeat_timeout": 604800}, None, {}).heartbeat_timeout == 604800.0  # the maximum itself
+
+
+@pytest.mark.parametrize("name", [s.name for s in SETTINGS if s.name.endswith("timeout")])
+def test_every_timeout_setting_has_the_maximum(name):
+    with pytest.raises(ConfigError, match=rf"^{name} must be .*<= 604800"):
+        resolve({name: settings.MAX_TIMEOUT_SECONDS * 2}, None, {})
+
+
+@pytest.mark.parametrize("value", [1e10, 10**400, float("inf"), float("nan"), 0, -1, "x", True, None])
+def test_check_timeout_names_the_setting_the_value_and_the_range(value):
+    with pytest.raises(ConfigError) as info:
+        settings.check_timeout("feed_timeout", value)
+    assert str(info.value) == (
+        f"feed_timeout must be a number of seconds > 0 and <= 604800 (a week). Received: {value!r} (from the argument)"
+    )
+
+
+def test_check_timeout_returns_seconds_as_a_float():
+    assert settings.check_timeout("reservation_timeout", 600) == 600.0
+    assert settings.check_timeout("reservation_timeout", "0.5") == 0.5
+
+
+def test_the_maximum_is_one_every_timeout_api_takes():
+    longest = settings.MAX_TIMEOUT_SECONDS
+    with socket.socket() as sock:
+        sock.settimeout(longest)  # 1e10 overflows here
+    first, second = socket.socketpair()
+    with first, second, selectors.DefaultSelector() as selector:  # epoll counts in int milliseconds: 24.8 days
+        second.send(b"x")
+        selector.register(first, selectors.EVENT_READ)
+        assert selector.select(longest)
+    assert longest < threading.TIMEOUT_MAX
+
+
 def test_values_are_normalised():
     assert resolve({"server_port": " 0 "}, None, {}).server_port == ""  # any free port
     assert resolve({"server_port": "6000-6000"}, None, {}).server_port == "6000"
@@ -236,6 +295,14 @@ def test_run_refuses_a_bad_setting_before_any_work_starts(monkeypatch):
     sc = FakeSparkContext({"spark.tfonspark.feedBufferBytes": "lots"})
     with pytest.raises(ConfigError, match=r"spark\.tfonspark\.feedBufferBytes .*\(from the Spark conf\)"):
         tfonspark.run(sc, print, None, 1)
+
+
+def test_run_refuses_a_heartbeat_timeout_that_would_overflow_before_any_work_starts(monkeypatch):
+    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached: no node is lost 5 s later
+    with pytest.raises(
+        ConfigError, match=r"<= 604800 \(a week\)\. Received: 10000000000\.0 \(from the keyword argument\)$"
+    ):
+        tfonspark.run(FakeSparkContext({}), print, None, 1, heartbeat_timeout=1e10)
 
 
 # ---- docs ---------------------------------------------------------------------------------------
