@@ -90,3 +90,25 @@ def test_conv2d_and_batchnorm_train_on_uneven_input_as_on_the_real_rows(tmp_path
     assert nodes[0]["cnn_history"] == nodes[1]["cnn_history"]
     assert set(nodes[0]["cnn_history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert all(np.isfinite(v) for v in nodes[0]["cnn_history"]["val_loss"])
+
+
+@pytest.mark.slow
+def test_a_tf_keras_conv2d_model_trains_through_its_own_fit_on_uneven_input(tmp_path):
+    """tf_keras' own model.fit fails the same way on a 0-row batch; through tfonspark.keras.fit
+    it gets the same guarded steps. The last global batch has 1 row: one worker's share is empty."""
+    pytest.importorskip("tf_keras")
+    nodes = run_tf_workers(
+        WORKER,
+        lambda i: ["legacy", tmp_path / f"legacy-{i}.json"],
+        tmp_path,
+        timeout=180,
+        TF_USE_LEGACY_KERAS="1",
+        TF_ENABLE_ONEDNN_OPTS="1",
+    )
+    assert all(n["uses_tf_keras"] and n["finite"] for n in nodes)
+    assert [n["iterations"] for n in nodes] == [2 * 4] * 2  # 4 steps an epoch, the last 1 row
+    np.testing.assert_allclose(nodes[0]["weights_sum"], nodes[1]["weights_sum"], rtol=1e-6)
+    assert nodes[0]["history"] == nodes[1]["history"]
+    for key in ("accuracy", "val_accuracy"):  # counted over the real rows: a multiple of 1/49
+        counts = np.asarray(nodes[0]["history"][key]) * uw.LEGACY_ROWS
+        np.testing.assert_allclose(counts, np.round(counts), atol=1e-3)

@@ -1,6 +1,7 @@
 """One TF node for test_uneven_input.py: Conv2D models under MWMS with uneven input, oneDNN on.
 
-Run with ``TF_CONFIG`` set: ``python uneven_worker.py OUT_JSON``. Worker 0 has
+Run with ``TF_CONFIG`` set: ``python uneven_worker.py OUT_JSON`` (Keras 3), or
+``python uneven_worker.py legacy OUT_JSON`` with ``TF_USE_LEGACY_KERAS=1`` (tf_keras, below). Worker 0 has
 ``BATCHES[0]`` = 3 batches of ``PER_REPLICA`` rows, worker 1 has 7, so from step 4 on worker 0
 gets 0-row batches (``tf.distribute``'s handling of uneven input) while it joins every step's
 all-reduce. Two models train, one after the other, through ``tfonspark.keras.fit``:
@@ -9,6 +10,10 @@ all-reduce. Two models train, one after the other, through ``tfonspark.keras.fit
   recorded so that the test can replay the same steps in one process and compare weights;
 * ``cnn``: the demo CNN (Conv2D x2, Dropout, Adam with cosine decay), 1 epoch, with validation
   data that is uneven too.
+
+``legacy``: a tf_keras Conv2D + BatchNormalization model through ``tfonspark.keras.fit`` (its own
+``model.fit`` underneath), all workers reading one dataset of ``LEGACY_ROWS`` = 3 global batches
+and 1 row, DATA-sharded: the last step gives one worker 1 row and the other 0 rows.
 
 Writes what it saw (weights, history, optimizer iterations, rows) to OUT_JSON.
 """
@@ -58,6 +63,52 @@ def bn_model(seed: int = 7):
     return model
 
 
+LEGACY_ROWS = 3 * 2 * PER_REPLICA + 1
+
+
+def legacy(out_path: str) -> None:
+    """tf_keras (``TF_USE_LEGACY_KERAS=1``): its own fit under MWMS, through tfonspark.keras.fit."""
+    from tfonspark import distribute
+
+    strategy = distribute.strategy()
+    import tensorflow as tf
+    import tf_keras
+
+    import tfonspark.keras as tfk
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((LEGACY_ROWS, 784), dtype=np.float32), rng.integers(0, 10, LEGACY_ROWS)
+    layers = tf_keras.layers
+    with strategy.scope():
+        model = tf_keras.Sequential(
+            [
+                layers.Reshape((28, 28, 1), input_shape=(784,)),
+                layers.Conv2D(8, 5, padding="same", activation="relu"),
+                layers.MaxPooling2D(),
+                layers.Conv2D(8, 5, padding="same", activation="relu"),
+                layers.BatchNormalization(),
+                layers.Flatten(),
+                layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer=tf_keras.optimizers.SGD(LEARNING_RATE),
+            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(2 * PER_REPLICA)
+    history = tfk.fit(model, ds, epochs=2, validation_data=ds, shard_policy="data", verbose=0)
+    result = {
+        "uses_tf_keras": tf.keras.Model is tf_keras.Model,
+        "weights_sum": [float(np.abs(w).sum()) for w in model.trainable_weights],
+        "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
+        "history": history.history,
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
+    with open(out_path, "w") as out:
+        json.dump(result, out)
+
+
 def main(out_path: str) -> None:
     from tfonspark import distribute
 
@@ -105,4 +156,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    legacy(sys.argv[2]) if sys.argv[1] == "legacy" else main(sys.argv[1])

@@ -150,3 +150,15 @@ def test_a_keras_3_model_carried_from_the_driver_into_a_keras_2_node_is_named():
         namespace["fit"]()  # type: ignore[operator]
     except ValueError as exc:
         assert "set TF_USE_LEGACY_KERAS=1 in the driver's environment" in hint_for(exc, {"TF_USE_LEGACY_KERAS": "1"})
+
+
+def test_a_conv2d_on_an_empty_batch_names_tfonspark_keras_fit():
+    """tf_keras' own model.fit under MWMS with uneven input: oneDNN's error on a 0-row batch."""
+    tf = pytest.importorskip("tensorflow")
+    for message in (
+        "input depth must be evenly divisible by filter depth: 1 vs 16\n\t [[{{node conv2d_1/Relu}}]]",
+        "Incompatible shapes: [0,14,14,16] vs. [1,1,1,32] [Op:AddV2]",
+    ):
+        hint = hint_for(tf.errors.InvalidArgumentError(None, None, message), {"TF_USE_LEGACY_KERAS": "1"})
+        assert "0 rows" in hint and "tfonspark.keras.fit" in hint and "drop_remainder=True" in hint
+    assert hint_for(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [3,2] vs. [4,2]"), {}) == ""

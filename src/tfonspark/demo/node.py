@@ -9,8 +9,9 @@ task, so the nodes receive about, not exactly, half the rows each. The nodes the
 * one Keras epoch is one pass's worth of *global* steps, the same count on every node (which
   ``MultiWorkerMirroredStrategy`` needs, as every step is an all-reduce); the input iterator
   carries over from epoch to epoch, so Keras epochs need not line up with Spark's passes;
-* a node whose feed runs dry a little early trains on empty batches while the other finishes
-  (``tf.distribute``'s handling of uneven input);
+* a node whose feed runs dry a little early gets 0-row batches while the other finishes
+  (``tf.distribute``'s handling of uneven input): ``fit`` skips the model on them and adds zero
+  gradients to the all-reduce (oneDNN's Conv2D kernels reject 0 rows);
 * what is left after the last step (the imbalance between nodes plus ``rows % global_batch``
   per pass, a few hundred rows on MNIST) is read and dropped with
   :meth:`~tfonspark.tfprocess.datafeed.DataFeed.drain`, so that ``cluster.train`` always

@@ -6,7 +6,8 @@ scalar metrics along axis 0). This module keeps everything the model defines (it
 ``train_step``/``test_step``, hence its optimizer, compiled loss and metrics) and replaces only the
 loop around it:
 
-* each step runs ``strategy.run(model.train_step, ...)`` in a ``tf.function``; Keras already
+* each step runs ``strategy.run(model.train_step, ...)`` in a ``tf.function`` (guarded against
+  0-row batches, :mod:`.replica_steps`); Keras already
   scales the loss by the replica count and the optimizer all-reduces the gradients, so the
   variables stay identical on all workers. The step's updates wait for its batch, so the call
   that finds the data exhausted changes nothing (``optimizer.iterations`` counts trained
@@ -45,7 +46,10 @@ returning this worker's dataset batched with
   seen once per worker) when all workers read the same data.
 
 Every worker must run the same number of steps: without ``steps_per_epoch`` an epoch ends when
-all workers ran out of data (workers that ran out earlier train on empty batches meanwhile);
+all workers ran out of data. Workers that ran out earlier get 0-row batches meanwhile: their
+replicas skip the model (oneDNN's Conv2D rejects 0 rows, BatchNormalization would turn them into
+NaNs) and join each step's all-reduce with zero gradients and no metric update, so the result
+equals training on the real rows only (:mod:`.replica_steps`);
 an infinite dataset needs ``steps_per_epoch``. With ``steps_per_epoch`` the iterator carries over
 between epochs, as in Keras; if it runs out the epoch ends early and the next one restarts it.
 
@@ -90,7 +94,7 @@ import tensorflow as tf
 
 from ..errors import ConfigError, InputError
 from .checkpoint import EpochCheckpoint, Position, check_shared_dir, export_saved_model
-from .replica_steps import batch_rows, guarded_test_step, guarded_train_step
+from .replica_steps import batch_rows, guard_legacy_steps, guarded_test_step, guarded_train_step
 from .strategies import check_model_strategy, keras_flavor, sum_across_replicas, task_info_of
 from .strategies import strategy as process_strategy
 
@@ -155,7 +159,7 @@ class DistributedTrainer:
 
     ``model`` is a compiled Keras 3 model created under ``strategy.scope()``, or a
     zero-argument callable that builds and compiles one (called here inside the scope). A
-    compiled tf_keras model (``TF_USE_LEGACY_KERAS=1``) is trained by its own ``model.fit``.
+    compiled tf_keras model (``TF_USE_LEGACY_KERAS=1``) is trained by its own ``model.fit``, with the same 0-row guard.
     With ``model_dir``, a checkpoint is saved every ``checkpoint_every_steps`` steps (default
     :data:`DEFAULT_CHECKPOINT_EVERY_STEPS`) and at every epoch end, and ``fit`` resumes from it.
     """
@@ -501,15 +505,16 @@ class DistributedTrainer:
             callback_list.append(
                 legacy.callbacks.BackupAndRestore(backup_dir=backup, save_freq=self._checkpoint_every or "epoch")
             )
-        return self.model.fit(
-            _legacy_input(legacy, dataset, self._shard_policy),
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=_legacy_input(legacy, validation_data, self._shard_policy),
-            validation_steps=validation_steps,
-            callbacks=callback_list,
-            verbose=verbose,
-        )
+        with guard_legacy_steps(self.model):  # no model call on a 0-row batch, as for Keras 3
+            return self.model.fit(
+                _legacy_input(legacy, dataset, self._shard_policy),
+                epochs=epochs,
+                steps_per_epoch=steps_per_epoch,
+                validation_data=_legacy_input(legacy, validation_data, self._shard_policy),
+                validation_steps=validation_steps,
+                callbacks=callback_list,
+                verbose=verbose,
+            )
 
 
 def fit(

@@ -9,13 +9,14 @@ inside ``tf.cond(rows > 0, ...)``; on an empty batch it skips the model and cont
 gradients, and no metric, loss-tracker or layer-state update.
 
 The cond branch cannot hold the all-reduce (a collective must run on every worker, every
-step), so the optimizer's ``apply`` is deferred: while ``train_step`` is traced, the
-optimizer's ``apply`` only records the gradients and variables it is given; the branch
-returns those gradients (zeros on an empty batch), and the recorded ``apply`` calls are made
-after the cond, in the same order, on every replica. Nothing changes at run time but a cond.
-This keeps every part of the model's own step (its loss, metrics, custom ``train_step``);
-what runs after the optimizer call inside a custom ``train_step`` and reads the updated
-weights would see them before the update (the stock step reads none).
+step), so the optimizer update is deferred: while ``train_step`` is traced, the optimizer's
+``apply`` (Keras 3; tf_keras: ``apply_gradients``) only records the gradients and variables it
+is given; the branch returns those gradients (zeros on an empty batch), and the recorded calls
+are made after the cond, in the same order, on every replica. Nothing changes at run time but
+a cond. This keeps every part of the model's own step (its loss, metrics, custom
+``train_step``); what runs after the optimizer call inside a custom ``train_step`` and reads
+the updated weights would see them before the update (the stock steps read none).
+:func:`guard_legacy_steps` gives a tf_keras model's own ``fit`` the same steps.
 
 The result equals training on the real rows only: with Keras' loss scaling (each replica's
 mean loss divided by the replica count) the all-reduced gradient of a step in which only some
@@ -32,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["batch_rows", "guarded_test_step", "guarded_train_step"]
+__all__ = ["batch_rows", "guard_legacy_steps", "guarded_test_step", "guarded_train_step"]
 
 ReplicaStep = Callable[[Any], tuple[Any, tf.Tensor]]
 
@@ -42,73 +43,146 @@ def batch_rows(data: Any) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(data)[0])[0]
 
 
-def guarded_train_step(model: Any) -> ReplicaStep:
-    """``replica_step(data) -> (logs, rows)``: the model's train_step, skipped on 0 rows."""
+def guarded_train_step(model: Any, *, metrics_after: bool = False) -> ReplicaStep:
+    """``replica_step(data) -> (logs, rows)``: the model's train_step, skipped on 0 rows.
+
+    ``metrics_after``: the logs are ``model.get_metrics_result()`` read after the cond (tf_keras,
+    whose metric results are a cross-replica ``merge_call``, which no cond branch may hold).
+    """
+    train_step = model.train_step  # bound now: guard_legacy_steps replaces the attribute
 
     def replica_step(data: Any) -> tuple[Any, tf.Tensor]:
         rows = batch_rows(data)
         with tf.control_dependencies(tf.nest.flatten(data)):  # no update when next() fails
-            calls = _ApplyCalls()
+            calls = _ApplyCalls(_apply_method(model.optimizer))
             logs_spec: list[Any] = []
 
             def real() -> list[Any]:
-                with _deferred_apply(model.optimizer, calls):
-                    logs = model.train_step(data)
+                with calls.deferring(model.optimizer), _no_metric_results(model, metrics_after):
+                    logs = train_step(data)
                 logs_spec.append(logs)
-                return [calls.gradients(), logs]
+                return [calls.gradients(), 0 if metrics_after else logs]
 
             def empty() -> list[Any]:
-                return [calls.zero_gradients(), _unchanged_logs(model, logs_spec[0])]
+                return [calls.zero_gradients(), 0 if metrics_after else _unchanged_logs(model, logs_spec[0])]
 
             if tf.executing_eagerly():  # run_eagerly: only one branch would be traced
-                return _eager_train_step(model, data, rows), rows
+                return _eager_train_step(model, train_step, data, rows), rows
             gradients, logs = tf.cond(rows > 0, real, empty)
             calls.replay(model.optimizer, gradients)
-        return logs, rows
+        return (model.get_metrics_result() if metrics_after else logs), rows
 
     return replica_step
 
 
-def guarded_test_step(model: Any) -> ReplicaStep:
+def guarded_test_step(model: Any, *, metrics_after: bool = False) -> ReplicaStep:
     """``replica_step(data) -> (logs, rows)``: the model's test_step, skipped on 0 rows."""
+    test_step = model.test_step
 
     def replica_step(data: Any) -> tuple[Any, tf.Tensor]:
         rows = batch_rows(data)
         logs_spec: list[Any] = []
 
         def real() -> Any:
-            logs = model.test_step(data)
+            with _no_metric_results(model, metrics_after):
+                logs = test_step(data)
             logs_spec.append(logs)
-            return logs
+            return 0 if metrics_after else logs
 
         def empty() -> Any:
-            return _unchanged_logs(model, logs_spec[0])
+            return 0 if metrics_after else _unchanged_logs(model, logs_spec[0])
 
         if tf.executing_eagerly():
-            return (model.test_step(data) if int(rows) else model.get_metrics_result()), rows
+            return (test_step(data) if int(rows) else model.get_metrics_result()), rows
         with tf.control_dependencies(tf.nest.flatten(data)):
-            return tf.cond(rows > 0, real, empty), rows
+            logs = tf.cond(rows > 0, real, empty)
+        return (model.get_metrics_result() if metrics_after else logs), rows
 
     return replica_step
 
 
-def _eager_train_step(model: Any, data: Any, rows: tf.Tensor) -> Any:
+@contextmanager
+def _no_metric_results(model: Any, active: bool) -> Iterator[None]:
+    """While tracing a cond branch, ``get_metrics_result`` returns nothing (read after the cond)."""
+    if not active:
+        yield
+        return
+    model.get_metrics_result = dict
+    try:
+        yield
+    finally:
+        del model.get_metrics_result
+
+
+@contextmanager
+def guard_legacy_steps(model: Any) -> Iterator[None]:
+    """A tf_keras model's own ``fit`` calls the guarded steps while the block runs.
+
+    tf_keras runs ``model.train_step`` inside ``strategy.run`` itself and fails on 0-row batches
+    under oneDNN the same way; its step functions are rebuilt on entry and on exit.
+    """
+    train = guarded_train_step(model, metrics_after=True)
+    test = guarded_test_step(model, metrics_after=True)
+    model.train_step = lambda data: train(data)[0]
+    model.test_step = lambda data: test(data)[0]
+    model.train_function = model.test_function = None
+    try:
+        yield
+    finally:
+        del model.train_step, model.test_step
+        model.train_function = model.test_function = None
+
+
+def _eager_train_step(model: Any, train_step: Callable[[Any], Any], data: Any, rows: tf.Tensor) -> Any:
     """``run_eagerly``: a Python branch; an empty batch applies zeros to every trainable weight."""
     if int(rows):
-        return model.train_step(data)
+        return train_step(data)
     variables = list(model.trainable_variables)
-    model.optimizer.apply([tf.zeros_like(v) for v in variables], variables)
+    zeros = [tf.zeros_like(v) for v in variables]
+    if _apply_method(model.optimizer) == "apply":
+        model.optimizer.apply(zeros, variables)
+    else:
+        model.optimizer.apply_gradients(zip(zeros, variables))
     return model.get_metrics_result()
+
+
+def _apply_method(optimizer: Any) -> str:
+    """The optimizer method every update goes through: Keras 3's ``apply`` (which
+    ``apply_gradients`` calls), else ``apply_gradients`` (tf_keras, both optimizer kinds)."""
+    return "apply" if hasattr(optimizer, "apply") and _is_keras3(optimizer) else "apply_gradients"
+
+
+def _is_keras3(obj: Any) -> bool:
+    return any(cls.__module__.startswith("keras.src.") for cls in type(obj).__mro__)
 
 
 @dataclass
 class _ApplyCalls:
-    """The optimizer ``apply`` calls one traced ``train_step`` made, to be made again later."""
+    """The optimizer calls one traced ``train_step`` made, to be made again later."""
 
-    calls: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
+    method: str
+    calls: list[tuple[list[Any], list[Any], dict[str, Any]]] = field(default_factory=list)
 
-    def record(self, grads: Any, variables: Any) -> None:
-        self.calls.append((list(grads), list(variables)))
+    @contextmanager
+    def deferring(self, optimizer: Any) -> Iterator[None]:
+        """While tracing, the optimizer's update method only records what it is given."""
+
+        def record_apply(grads: Any, trainable_variables: Any = None) -> None:
+            if trainable_variables is None:
+                trainable_variables = optimizer._trainable_variables  # Keras' own default
+            self.calls.append((list(grads), list(trainable_variables), {}))
+
+        def record_apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> None:
+            if args:
+                kwargs["name"] = args[0]
+            pairs = list(grads_and_vars)
+            self.calls.append(([g for g, _ in pairs], [v for _, v in pairs], kwargs))
+
+        setattr(optimizer, self.method, record_apply if self.method == "apply" else record_apply_gradients)
+        try:
+            yield
+        finally:
+            delattr(optimizer, self.method)
 
     def gradients(self) -> list[Any]:
         """Every recorded gradient that exists (a None gradient stays None, statically)."""
@@ -121,33 +195,21 @@ class _ApplyCalls:
 
     def _flowing(self) -> list[tuple[Any, Any]]:
         return [
-            (g, v) for grads, variables in self.calls for g, v in zip(grads, variables, strict=True) if g is not None
+            (g, v) for grads, variables, _ in self.calls for g, v in zip(grads, variables, strict=True) if g is not None
         ]
 
     def replay(self, optimizer: Any, gradients: list[Any]) -> None:
         """Make each recorded call again with the cond's gradients, Nones where they were."""
         flowing: Iterator[Any] = iter(gradients)
-        for grads, variables in self.calls:
+        for grads, variables, kwargs in self.calls:
             given = [None if g is None else next(flowing) for g in grads]
             pairs = [(g, v) for g, v in zip(given, variables, strict=True) if g is not None]
-            if pairs:
+            if not pairs:
+                continue
+            if self.method == "apply":
                 optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
-
-
-@contextmanager
-def _deferred_apply(optimizer: Any, calls: _ApplyCalls) -> Iterator[None]:
-    """While tracing, the optimizer's ``apply`` (which ``apply_gradients`` calls) only records."""
-
-    def record(grads: Any, trainable_variables: Any = None) -> None:
-        if trainable_variables is None:
-            trainable_variables = optimizer._trainable_variables  # Keras' own default
-        calls.record(grads, trainable_variables)
-
-    optimizer.apply = record
-    try:
-        yield
-    finally:
-        del optimizer.apply
+            else:
+                optimizer.apply_gradients(pairs, **kwargs)
 
 
 def _unchanged_logs(model: Any, traced: Any) -> Any:

@@ -32,6 +32,15 @@ _NO_ESTIMATOR = (
     "export_lib.get_timestamped_export_dir for TFoS programs; elsewhere use "
     "os.path.join(export_dir, str(int(time.time())))."
 )
+_EMPTY_BATCH = (
+    "A replica's batch had 0 rows, and TensorFlow's oneDNN CPU kernels reject a Conv2D on 0 rows. Under "
+    "MultiWorkerMirroredStrategy this happens with uneven input: a worker ran out of data before the "
+    "others, or the last global batch had fewer rows than there are workers. Fix: train with "
+    "tfonspark.keras.fit (Keras 3 or tf_keras models), which never runs the model on an empty batch; or "
+    "give every worker the same number of full batches (batch(..., drop_remainder=True), a "
+    "steps_per_epoch every worker's data reaches). TF_ENABLE_ONEDNN_OPTS=0 also avoids it, at a speed cost."
+)
+_EMPTY_BATCH_ERRORS = ("input depth must be evenly divisible by filter depth", "Incompatible shapes: [0,")
 _NP_ALIAS = (
     "numpy 1.24 removed the aliases np.int, np.float, np.bool and np.object (TFoS-era code uses them). "
     "Fix: use int, float, bool, object or np.int64/np.float64 instead."
@@ -60,6 +69,8 @@ def _hint(exc: BaseException, legacy: bool) -> str:
         and any(a in text for a in aliases)
     ):
         return _NP_ALIAS
+    if type(exc).__name__ == "InvalidArgumentError" and any(e in text for e in _EMPTY_BATCH_ERRORS):
+        return _EMPTY_BATCH
     if legacy and _raised_in_keras3(exc):
         return _DRIVER_KERAS3
     if isinstance(exc, ValueError) and not legacy and ("PerReplica" in text or "Invalid reduction dimension" in text):
