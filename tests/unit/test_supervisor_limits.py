@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import glob
 import io
+import json
+import logging
 import os
 import socket
 import tempfile
+import threading
 import types
 
 import pytest
 
 from tfonspark.config import NodeConfig
 from tfonspark.executor import supervisor as supervisor_module
-from tfonspark.executor.supervisor import Supervisor
+from tfonspark.executor.supervisor import MAX_EVENT_BYTES, MAX_STATUS_LINE, Supervisor
 from tfonspark.testing import FakeDriver
+from tfonspark.tfprocess.report import MAX_REPORT_BYTES, report_payload
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
@@ -102,3 +106,103 @@ def test_a_real_spawn_still_gets_its_scratch_dir(monkeypatch, tmp_path):
         port_sock.bind(("127.0.0.1", 0))
         sup._spawn(m.ClusterReady("worker", 0, {"worker": ["127.0.0.1:1"]}), "127.0.0.1", port_sock, 1)
     assert made[0]["TMPDIR"] == sup.scratch and os.path.isdir(sup.scratch)
+
+
+# ---- row 5: what the TF process writes is bounded before it is read, relayed or sent -------------
+
+
+class _Status(io.StringIO):
+    """The status pipe, remembering the longest piece the supervisor read at once."""
+
+    longest = 0
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        line = super().readline(size)
+        self.longest = max(self.longest, len(line))
+        return line
+
+    def __next__(self) -> str:  # iterating reads whole lines, however long
+        line = super().__next__()
+        self.longest = max(self.longest, len(line))
+        return line
+
+
+def _line(event: str, **fields) -> str:
+    """A status line as tfprocess/entry.py writes it."""
+    return json.dumps({"event": event, **fields}, default=str) + "\n"
+
+
+def _relay(pair, lines: list[str]) -> tuple[str, list[m.Message], _Status]:
+    sup_end, drv_end = pair
+    sup = Supervisor(_config(), 2, [], b"")
+    sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
+    status = _Status("".join(lines))
+    got: list[m.Message] = []
+
+    def driver() -> None:  # reads as the driver does, so a large frame cannot block the relay
+        while not isinstance(msg := m.recv_message(drv_end), m.Heartbeat):
+            got.append(msg)
+
+    drv_end.settimeout(10)
+    reader = threading.Thread(target=driver, daemon=True)
+    reader.start()
+    error = sup._relay_status(sup_end, status)
+    m.send_message(sup_end, m.Heartbeat())  # the end of what was relayed
+    reader.join(10)
+    return error, got, status
+
+
+def test_an_overlong_status_line_is_skipped_with_an_error_and_the_relay_goes_on(pair, caplog):
+    """A 5 MiB line (a feeder's 5 MiB feed_id in an epoch mark) neither reaches the driver nor
+    sits in the supervisor's memory whole; the events after it are relayed."""
+    huge = _line("node_event", kind="epoch_read", detail={"feed_id": "f" * (5 * 1024 * 1024), "epoch": 0})
+    after = {"partition": 1, "timeout": 9.0}
+    lines = [huge, _line("node_event", kind="feed_stalled", detail=after), _line("error", traceback="tb")]
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+        error, got, status = _relay(pair, lines)
+    assert got == [m.NodeEvent(2, "feed_stalled", after)]
+    assert error == "tb"
+    assert status.longest <= MAX_STATUS_LINE + 1
+    (record,) = caplog.records
+    assert f"{len(huge)} characters" in record.getMessage() and f"at most {MAX_STATUS_LINE}" in record.getMessage()
+    assert "epoch_read" in record.getMessage()  # the start of the line says what it was
+
+
+def test_an_event_over_max_event_bytes_is_dropped_with_an_error(pair, caplog):
+    big = {"feed_id": "f" * (MAX_EVENT_BYTES + 1), "epoch": 0}  # within a status line, over an event
+    lines = [_line("node_event", kind="epoch_read", detail=big), _line("node_event", kind="report", detail={"a": 1})]
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+        error, got, _ = _relay(pair, lines)
+    assert got == [m.NodeEvent(2, "report", {"a": 1})] and error == ""
+    (record,) = caplog.records
+    assert "'epoch_read' event of" in record.getMessage() and f"at most {MAX_EVENT_BYTES}" in record.getMessage()
+
+
+def test_the_largest_report_ctx_report_allows_is_relayed():
+    """MAX_EVENT_BYTES leaves room for a report of MAX_REPORT_BYTES and its envelope."""
+    filler = MAX_REPORT_BYTES - len(json.dumps({"x": ""}, separators=(",", ":")))
+    for detail in ({"x": "é" * (filler // 6)}, {"x": "a" * filler}):  # non-ASCII: six bytes each as JSON
+        payload = report_payload(detail)  # the TF process's own check passes
+        event = m.NodeEvent(2**31 - 1, "report", payload)
+        assert len(m.encode(event)) <= MAX_EVENT_BYTES
+
+
+def test_a_largest_report_line_reaches_the_driver(pair):
+    detail = {"x": [0] * (MAX_REPORT_BYTES // 2 - 8)}  # ", " between items: a line far longer than the JSON
+    report_payload(detail)
+    error, got, _ = _relay(pair, [_line("node_event", kind="report", detail=detail)])
+    assert got == [m.NodeEvent(2, "report", detail)]
+
+
+def test_an_overlong_traceback_still_ends_the_relay(pair, caplog):
+    lines = [_line("error", traceback="x" * (MAX_STATUS_LINE + 10)), _line("node_event", kind="k", detail={})]
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+        error, got, _ = _relay(pair, lines)
+    assert error == "" and got == [m.NodeEvent(2, "k", {})]  # the driver shows the output tail instead
+    assert "skipped a status line" in caplog.text
+
+
+def test_a_last_line_without_a_newline_is_read():
+    status = io.StringIO(_line("error", traceback="tb").rstrip("\n"))
+    sup = Supervisor(_config(), 2, [], b"")
+    assert sup._relay_status(None, status) == "tb"  # type: ignore[arg-type]

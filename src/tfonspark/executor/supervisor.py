@@ -6,7 +6,9 @@ It reserves the node's port, registers with the driver, spawns the TF process, t
 connection drops, or when the driver stays silent for ``heartbeat_timeout`` (it sends a
 ``Heartbeat`` every ``heartbeat_secs``, and so do we, from ``ClusterReady`` on). Because it, not
 the Spark task, is the TF process's parent, a TF process killed by a signal is still reported with
-its output tail, and its feed socket (announced by an early "feed" event) is removed.
+its output tail, and its feed socket (announced by an early "feed" event) is removed. What the TF
+process writes is bounded before it is relayed: a status line by ``MAX_STATUS_LINE``, an event by
+``MAX_EVENT_BYTES`` (the driver holds every supervisor to the same limit).
 
 Run as ``python -m tfonspark.executor.supervisor --cluster ID --executor N``; the arguments only
 label the process for ``ps`` (and for tests that check nothing is left behind). The bootstrap
@@ -18,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 from ..config import NodeConfig
@@ -41,9 +45,20 @@ from .gpus import cuda_env
 from .host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 TAIL_LINES = 60
+MAX_EVENT_BYTES = 65 * 1024
+"""The largest ``NodeEvent`` a supervisor relays and the driver accepts, JSON-encoded as sent: a
+report of ``tfprocess.report.MAX_REPORT_BYTES`` (64 KiB) and its envelope (type, executor id,
+kind). The supervisor drops a larger one with an error in its log; so does the driver."""
+MAX_STATUS_LINE = 1024 * 1024
+"""The longest status line read from the TF process (an error's traceback is the longest one
+that is legitimate). A longer line is skipped, not read into memory, with an error in the log;
+a traceback that long still reaches the driver in the node's output tail."""
 ATTEMPT_ENV = "TFONSPARK_ATTEMPT"  # the TF process's ctx.attempt (0 = first start of the cluster)
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
+_SKIP_CHUNK = 64 * 1024  # how an overlong status line is read past
+
+log = logging.getLogger(__name__)
 
 
 def _status(event: str, **fields: Any) -> None:
@@ -127,7 +142,7 @@ class Supervisor:
             if self.executor_pid:
                 threading.Thread(target=self._watch_executor, daemon=True, name="tfos-executor-watch").start()
             tee.start()
-            with os.fdopen(status_r, "r") as status:
+            with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
                 error = self._relay_status(conn, status)
             code = proc.wait()
         finally:  # however we got here, the TF process and what it left behind go
@@ -247,7 +262,7 @@ class Supervisor:
         handled by ``_listen``; sends that fail here are dropped.
         """
         error = ""
-        for line in status:
+        for line in _status_lines(status):
             try:
                 event = json.loads(line)
                 kind = event["event"]
@@ -271,12 +286,22 @@ class Supervisor:
                 _status("up", tf_pid=self.proc.pid)
             elif kind == "node_event":
                 detail = event.get("detail")
-                self._send(
-                    conn,
-                    m.NodeEvent(
-                        self.executor_id, str(event.get("kind", "")), detail if isinstance(detail, dict) else {}
-                    ),
+                node_event = m.NodeEvent(
+                    self.executor_id, str(event.get("kind", "")), detail if isinstance(detail, dict) else {}
                 )
+                payload = m.encode(node_event)
+                if len(payload) > MAX_EVENT_BYTES:
+                    log.error(
+                        "tfonspark supervisor: dropped a %r event of %d bytes from the TF process; an event may "
+                        "be at most %d bytes (MAX_EVENT_BYTES). Received: %r...",
+                        node_event.kind[:64],
+                        len(payload),
+                        MAX_EVENT_BYTES,
+                        payload[:120].decode("utf-8", "replace"),
+                    )
+                    continue
+                with contextlib.suppress(OSError, ProtocolError):
+                    conn.send(payload)
             elif kind == "error":
                 error = str(event.get("traceback", ""))
         return error
@@ -354,6 +379,33 @@ class Supervisor:
             self.stopping = True
             return
         threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
+
+
+def _status_lines(status: IO[str]) -> Iterator[str]:
+    """The TF process's status lines; one longer than ``MAX_STATUS_LINE`` is skipped with an error.
+
+    An overlong line is read past in chunks, so it never sits in memory whole.
+    """
+    while True:
+        line = status.readline(MAX_STATUS_LINE + 1)
+        if not line:
+            return
+        if len(line) <= MAX_STATUS_LINE:
+            yield line
+            continue
+        head, size = line[:120], len(line)
+        while not line.endswith("\n"):
+            line = status.readline(_SKIP_CHUNK)
+            if not line:
+                break
+            size += len(line)
+        log.error(
+            "tfonspark supervisor: skipped a status line of %d characters from the TF process; a status line "
+            "may be at most %d (MAX_STATUS_LINE). Received: %r...",
+            size,
+            MAX_STATUS_LINE,
+            head,
+        )
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
