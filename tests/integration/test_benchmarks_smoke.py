@@ -101,3 +101,13 @@ def test_benchmarks_and_examples_import_only_public_tfonspark_names(folder: str)
             if any(p.startswith("_") for p in parts):
                 private.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert private == []
+
+
+@pytest.mark.slow
+def test_step_guard_benchmark_quick_run_prints_the_ratio(mnist_dir):
+    """step_guard.py times the guarded and the plain training step and prints their ratio."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "step_guard.py"), "--quick", "--data", str(mnist_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("rep ")] == ["plain", "guarded"]
+    assert "guarded / plain:" in proc.stdout
