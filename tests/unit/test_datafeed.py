@@ -211,3 +211,61 @@ def test_inference_reads_skip_zero_row_batches_and_answer_every_row():
         sizes.append(batch.count)
         feed.batch_results([int(label) * 10 for _, label in batch.rows()])
     assert sizes == [5] and stream.results == [0, 10, 20, 30, 40]
+
+
+# ---- what next_batch hands back: the rows as they were fed, as TFoS did -------------------------
+
+
+def _fed_rows(rows: list) -> list:
+    """Feed ``rows`` as one partition through a real feed server; read them with next_batch."""
+    from .test_feed_local import train
+
+    server = FeedServer(SECRET)
+    try:
+        feeding = Bg(lambda: (train(feeder_for(server), 0, rows), close_feed(server)))
+        feed = DataFeed(server)
+        got: list = []
+        while batch := feed.next_batch(3):
+            got.extend(batch)
+        feeding.get()
+        return got
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [([1.0, 2.0, 3.0], 7), ([4.0, 5.0, 6.0], 8)],  # TFoS's (features, label)
+        [[[1.0, 2.0], 7], [[3.5, 4.5], 8]],  # list rows
+        [((1, 2), (0.5,)), ((3, 4), (1.5,))],  # tuple values
+        [[0.25, 0.5, 1.0], [2.0, 4.0, 8.0]],  # a row that is a list of numbers
+        [{"x": [1.0, 2.0], "y": 3}, {"x": [4.0, 5.0], "y": 6}],  # dicts
+        [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]],  # nested lists
+        [7, 8, 9],
+    ],
+    ids=["features-label", "list-rows", "tuple-values", "flat-list", "dicts", "nested", "scalars"],
+)
+def test_next_batch_gives_back_the_rows_as_fed(rows):
+    got = _fed_rows(rows)
+    assert got == rows
+    assert [type(r) for r in got] == [type(r) for r in rows]
+    if isinstance(rows[0], (list, tuple)):
+        assert [type(v) for v in got[0]] == [type(v) for v in rows[0]]
+
+
+def test_next_batch_keeps_numpy_values_and_next_columns_stays_columnar():
+    rows = [(np.arange(3, dtype=np.float32) + i, i) for i in range(4)]
+    got = _fed_rows(rows)
+    assert all(isinstance(r[0], np.ndarray) and r[0].dtype == np.float32 for r in got)
+    assert [r[0].tolist() for r in got] == [r[0].tolist() for r in rows]
+    from .test_feed_local import train
+
+    server = FeedServer(SECRET)
+    try:
+        feeding = Bg(lambda: (train(feeder_for(server), 0, [([1.0, 2.0], 7)] * 5), close_feed(server)))
+        columns = DataFeed(server).next_columns(5)
+        feeding.get()
+    finally:
+        server.close()
+    assert isinstance(columns.columns[0], np.ndarray) and columns.columns[0].shape == (5, 2)

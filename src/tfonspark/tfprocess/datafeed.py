@@ -44,7 +44,7 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
                     f"batches disagree on the shape of column {j}: {[p.shape[1:] for p in pieces]}", column=j
                 ) from None
         columns.append([v for p in pieces for v in p])
-    return ColumnBatch(columns, first.layout, first.names)
+    return ColumnBatch(columns, first.layout, first.names, first.kinds)
 
 
 def _feed_source(mgr: Any) -> FeedServer | LocalFeeds:
@@ -149,13 +149,20 @@ class DataFeed:
         return _concat(parts) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:
-        """TFoS ``next_batch``: a list of up to ``batch_size`` rows, or a dict with ``input_mapping``."""
+        """TFoS ``next_batch``: a list of up to ``batch_size`` rows, or a dict with ``input_mapping``.
+
+        Rows come back as they were fed, as in TFoS: a row fed as ``([1.0, 2.0], 7)`` is read as
+        ``([1.0, 2.0], 7)``, list and tuple values and rows included; numpy values stay numpy,
+        and DataFrame rows are tuples of numpy arrays. Rebuilding lists costs about as much
+        per value as unpickling them: :meth:`next_columns`, :meth:`as_dataset` and
+        ``input_mapping`` hand out numpy columns instead.
+        """
         batch = self.next_columns(batch_size)
         if batch is None:
             return {t: [] for t in self.input_mapping.values()} if self.input_mapping else []
         if self.input_mapping:
             return self._mapped(batch)
-        return batch.rows()
+        return batch.rows(as_fed=True)
 
     def _mapped(self, batch: ColumnBatch) -> dict[str, Any]:
         """Columns renamed to tensors: by column name, or by sorted-name position (TFoS)."""
@@ -294,7 +301,7 @@ def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[st
 def _arrays(batch: ColumnBatch) -> ColumnBatch:
     """List columns (strings) as object arrays, so that ``tf.nest`` sees each column as one leaf."""
     columns = [c if isinstance(c, np.ndarray) else np.asarray(c, dtype=object) for c in batch.columns]
-    return ColumnBatch(columns, batch.layout, batch.names)
+    return ColumnBatch(columns, batch.layout, batch.names, batch.kinds)
 
 
 def _signature(structure: Any) -> Any:

@@ -30,13 +30,24 @@ _LEN = struct.Struct(">I")
 LAYOUTS = ("scalar", "tuple", "dict")
 
 
+#: ``ColumnBatch.kinds`` letters: the Python container a row (first letter) or a column's values
+#: (one letter per column) were fed as, so that TFoS's ``next_batch`` can give them back.
+LIST, TUPLE, OTHER = "L", "T", "-"
+
+
 @dataclass
 class ColumnBatch:
-    """``count`` rows stored as columns (axis 0 is the row)."""
+    """``count`` rows stored as columns (axis 0 is the row).
+
+    ``kinds`` (when known) says what Python containers the rows were fed as: the row's own
+    (``L`` list, ``T`` tuple, ``-`` other) then one letter per column (a list or tuple value, or
+    ``-``), e.g. ``"TL-"`` for rows ``([1.0, 2.0], 7)``. Only :meth:`rows` with ``as_fed`` reads it.
+    """
 
     columns: list[Any]
     layout: str = "tuple"
     names: list[str] | None = None
+    kinds: str | None = None
 
     @property
     def count(self) -> int:
@@ -47,23 +58,43 @@ class ColumnBatch:
         return sum(c.nbytes if isinstance(c, np.ndarray) else 64 * len(c) for c in self.columns)
 
     def slice(self, start: int, stop: int) -> ColumnBatch:
-        return ColumnBatch([c[start:stop] for c in self.columns], self.layout, self.names)
+        return ColumnBatch([c[start:stop] for c in self.columns], self.layout, self.names, self.kinds)
 
-    def rows(self) -> list[Any]:
-        """Back to Python rows (only for the TFoS list-of-rows API)."""
-        columns = [_py_values(c) for c in self.columns]
+    def rows(self, as_fed: bool = False) -> list[Any]:
+        """Back to Python rows (only for the TFoS list-of-rows API).
+
+        Array values come back as numpy arrays; with ``as_fed`` (TFoS's ``next_batch``), values and
+        rows fed as lists or tuples come back as lists or tuples, as TFoS handed back what was fed.
+        """
+        kinds = self.kinds if as_fed and self.kinds and len(self.kinds) == len(self.columns) + 1 else None
+        columns = [_py_values(c, kinds[j + 1] if kinds else OTHER) for j, c in enumerate(self.columns)]
         if self.layout == "scalar":
             return columns[0]
         if self.layout == "dict" and self.names is not None:
             return [dict(zip(self.names, values)) for values in zip(*columns)]
+        if kinds and kinds[0] == LIST:
+            return [list(values) for values in zip(*columns)]
         return list(zip(*columns))
 
 
-def _py_values(col: Any) -> list[Any]:
-    """A column as a list of per-row values: Python scalars for 1-D columns, arrays otherwise."""
-    if isinstance(col, np.ndarray):
-        return col.tolist() if col.ndim == 1 else list(col)
+def _py_values(col: Any, kind: str = OTHER) -> list[Any]:
+    """A column as a list of per-row values: Python scalars for 1-D columns, arrays otherwise,
+    nested lists (tuples at the top for ``T``) for values fed as lists or tuples."""
+    if not isinstance(col, np.ndarray):
+        return list(col)
+    if col.ndim == 1:
+        return col.tolist()  # type: ignore[no-any-return]
+    if kind == LIST:
+        return col.tolist()  # type: ignore[no-any-return]
+    if kind == TUPLE:
+        return [tuple(value) for value in col.tolist()]
     return list(col)
+
+
+def _kind(value: Any) -> str:
+    """The ``kinds`` letter of one fed value or row."""
+    cls = type(value)
+    return LIST if cls is list else TUPLE if cls is tuple else OTHER
 
 
 def _is_numeric(arr: np.ndarray) -> bool:
@@ -85,9 +116,10 @@ def encode_batch(batch: ColumnBatch) -> list[Any]:
             blob = pickle.dumps(list(col), protocol=pickle.HIGHEST_PROTOCOL)
             cols_meta.append({"pickle": len(blob)})
             buffers.append(blob)
-    header = json.dumps(
-        {"layout": batch.layout, "names": batch.names, "count": batch.count, "cols": cols_meta}
-    ).encode()
+    meta: dict[str, Any] = {"layout": batch.layout, "names": batch.names, "count": batch.count, "cols": cols_meta}
+    if batch.kinds is not None:
+        meta["kinds"] = batch.kinds
+    header = json.dumps(meta).encode()
     return [BATCH_KIND + _LEN.pack(len(header)) + header, *buffers]
 
 
@@ -125,7 +157,10 @@ def decode_batch(payload: memoryview) -> ColumnBatch:
                 size = int(np.prod(shape)) * dtype.itemsize
                 columns.append(np.frombuffer(payload[offset : offset + size], dtype).reshape(shape))
             offset += size
-        return ColumnBatch(columns, header["layout"], header["names"])
+        kinds = header.get("kinds")
+        if kinds is not None and (not isinstance(kinds, str) or len(kinds) != len(columns) + 1):
+            raise ValueError(f"bad kinds {kinds!r} for {len(columns)} columns")
+        return ColumnBatch(columns, header["layout"], header["names"], kinds)
     except (ValueError, KeyError, TypeError, struct.error, pickle.UnpicklingError, EOFError) as exc:
         raise ProtocolError(f"malformed batch frame: {exc}") from None
 
@@ -360,7 +395,12 @@ def pack_rows(
             raise InputError(
                 f"row has keys other than the first row's {names}", partition=partition, row=first_row + bad
             ) from None
-        return ColumnBatch([_column(c, n, partition, first_row, scratch) for c, n in zip(cols, names)], "dict", names)
+        return ColumnBatch(
+            [_column(c, n, partition, first_row, scratch) for c, n in zip(cols, names)],
+            "dict",
+            names,
+            OTHER + "".join(_kind(first[k]) for k in names),
+        )
     if isinstance(first, (tuple, list)):
         width = len(first)
         if not _uniform_sequences(rows, width):
@@ -372,5 +412,6 @@ def pack_rows(
             [_column(c, labels[j] if labels else j, partition, first_row, scratch) for j, c in enumerate(transposed)],
             "tuple",
             labels,
+            (OTHER if labels else _kind(first)) + "".join(map(_kind, first)),  # a Row stays a Row-like tuple
         )
-    return ColumnBatch([_column(rows, 0, partition, first_row, scratch)], "scalar")
+    return ColumnBatch([_column(rows, 0, partition, first_row, scratch)], "scalar", None, OTHER + _kind(first))
