@@ -9,10 +9,13 @@ places. :class:`PickledRows` learns that layout from a batch's first row, checks
 byte of every row against it (vectorised) and reads the numbers with strided numpy views.
 
 Anything it does not recognise (other opcodes, memo references to a shared object, bools,
-``None``, strings, rows of another length, a mix of floats and ints in one list) makes
-:meth:`PickledRows.decode` return None: the caller then unpickles the batch as PySpark would,
-so results and errors are those of the row path. The bytes come from Spark's own storage
-and are only read as numbers here, never executed.
+``None``, strings, rows of another length, a mix of floats and ints in one list, a truncated
+number, a frame header inside an opcode's argument) makes :meth:`PickledRows.decode` return
+None: the caller then unpickles the batch as PySpark would, so results and errors are those
+of the row path. ``decode`` returns columns only for bytes whose every byte it has accounted
+for (each opcode checked, each number read), so they are exactly what ``pickle.loads`` makes;
+it raises nothing, and every step of its walk over a row moves forward. The bytes come from
+Spark's own storage and are only read as numbers here, never executed.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class _Template:
     op_runs: tuple[_Run, ...]  # runs of number opcodes, checked with one strided view each
     fields: tuple[_Field, ...]
     scalar: bool  # the row is a bare number, not a tuple/list
+    starts: np.ndarray  # bool per byte of the row: an opcode starts there
 
 
 class PickledRows:
@@ -85,8 +89,11 @@ class PickledRows:
 
     def decode(self, blob: bytes) -> ColumnBatch | None:
         """The rows of one pickled batch as columns, or None if the layout is not recognised."""
-        ops = _opcodes(blob)
-        if ops is None or len(ops) < 5 or ops[:2] != _EMPTY_LIST + _MEMOIZE:
+        read = _opcodes(blob)
+        if read is None:
+            return None
+        ops, cuts = read
+        if len(ops) < 5 or ops[:2] != _EMPTY_LIST + _MEMOIZE:
             return None
         single = ops[-2:] == _APPEND + b"."
         if not single and ops[-2:] != _APPENDS + b".":
@@ -99,35 +106,61 @@ class PickledRows:
                 return None
             template, groups = learned
             self._template = template
+        if cuts and not _cuts_at_opcodes(cuts, groups, template, len(ops)):
+            return None
         return _extract(ops, groups, template)
 
 
-def _opcodes(blob: bytes) -> bytes | None:
-    """The pickle's opcode stream with its frame headers removed (None if not protocol 4/5)."""
+def _opcodes(blob: bytes) -> tuple[bytes, list[int]] | None:
+    """The pickle's opcode stream with its frame headers removed, and where in that stream
+    each header after the first was (None if not protocol 4/5, or a frame overruns the end)."""
     if len(blob) < 3 or blob[0] != 0x80 or blob[1] not in _PROTOCOLS:
         return None
-    view, parts, pos, end = memoryview(blob), [], 2, len(blob)
+    view, parts, cuts, pos, end, done = memoryview(blob), [], [], 2, len(blob), 0
     while pos < end:
         if blob[pos] != _FRAME:
             parts.append(view[pos:])  # a last frame under 4 bytes is written without its header
             break
+        if done:
+            cuts.append(done)
         size = int.from_bytes(view[pos + 1 : pos + 9], "little")
         parts.append(view[pos + 9 : pos + 9 + size])
+        done += len(parts[-1])
         pos += 9 + size
     if pos > end:
         return None
-    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+    return (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)), cuts
+
+
+def _cuts_at_opcodes(cuts: list[int], groups: list[tuple[int, int]], template: _Template, total: int) -> bool:
+    """Each frame header taken out of the stream stood where an opcode starts.
+
+    ``pickle.loads`` treats FRAME as an opcode like any other: a header that stands inside a
+    number's 8 bytes (never written by the pickler, but possible in stored bytes) is read by
+    it as part of that number, so the columns would differ from its rows.
+    """
+    at = np.asarray(cuts, np.int64)
+    ok = (at <= 1) | (at >= total - 1)  # EMPTY_LIST, MEMOIZE of the batch; STOP
+    length = template.length
+    for offset, rows in groups:
+        end = offset + rows * length
+        ok |= (at == offset - 1) | (at == end)  # the group's MARK and APPENDS (one row: MEMOIZE, APPEND)
+        inside = (at >= offset) & (at < end)
+        ok[inside] |= template.starts[(at[inside] - offset) % length]
+    return bool(ok.all())
 
 
 def _groups(ops: bytes, length: int, single: bool) -> list[tuple[int, int]] | None:
     """(offset, rows) of each APPENDS group of rows ``length`` bytes long, if the sizes add up."""
     total = len(ops)
+    if length <= 0:
+        return None
     if single:
         return [(2, 1)] if total == 2 + length + 2 else None
     groups = 1
-    while 2 * groups < total:
+    while True:  # more groups leave fewer rows: at most rows / 1,000 + 1 rounds
         rows, rest = divmod(total - 3 - 2 * groups, length)
-        if rows <= 0:
+        if rows <= 0 or (groups - 1) * _LIST_BATCH >= rows:
             return None
         if not rest and -(-rows // _LIST_BATCH) == groups:
             out, pos = [], 2
@@ -139,7 +172,6 @@ def _groups(ops: bytes, length: int, single: bool) -> list[tuple[int, int]] | No
                 pos += 2 + count * length
             return out
         groups += 1
-    return None
 
 
 def _matches(ops: bytes, groups: list[tuple[int, int]], template: _Template) -> bool:
@@ -203,20 +235,20 @@ class _Walk:
         self.op_positions.append(self.pos - self.start)
         self.pos += 1
 
-    def numbers(self, code: int) -> None:
+    def numbers(self, code: int) -> bool:
         """A run of numbers of one opcode (found at numpy speed), pushed as one stack item; a
-        number that is the row itself stands alone (the next row may start with the same opcode)."""
+        number that is the row itself stands alone (the next row may start with the same opcode).
+        False if not even one number's payload is there (a truncated pickle)."""
         stride = _NUMBERS[code][0] + 1
-        count = 1
-        if self.stack:
-            following = self.data[self.pos :: stride]
-            others = np.flatnonzero(following != code)
-            count = int(others[0]) if others.size else len(following)
-        count = min(count, (len(self.ops) - self.pos) // stride)
+        whole = (len(self.ops) - self.pos) // stride  # numbers whose payload is all there
+        if whole < 1:
+            return False
+        count = _run_length(self.data, self.pos, stride, code, whole) if self.stack else 1
         rel = self.pos - self.start
         self.op_runs.append(_Run(rel + 1, count, stride, code))
         self.stack.append([self.op_runs[-1]])
         self.pos += count * stride
+        return True
 
     def pop_to_mark(self) -> list[Any] | None:
         items = []
@@ -250,8 +282,7 @@ class _Walk:
         """One opcode; False when it is not one a recognised row can hold."""
         op = self.ops[self.pos]
         if op in _NUMBERS:
-            self.numbers(op)
-            return True
+            return self.numbers(op)
         self.opcode()
         items: list[Any] | None
         if op == _EMPTY_LIST[0]:
@@ -285,7 +316,8 @@ def _learn(ops: bytes, start: int, single: bool) -> tuple[_Template, list[tuple[
     walk = _Walk(ops, start)
     end = len(ops) - 2  # the top list's last APPEND(S) and STOP
     while walk.pos < end:
-        if not walk.step():
+        before = walk.pos
+        if not walk.step() or walk.pos <= before:
             return None
         if not walk.at_item_end():
             continue
@@ -300,7 +332,11 @@ def _learn(ops: bytes, start: int, single: bool) -> tuple[_Template, list[tuple[
             return None
         positions = np.asarray(walk.op_positions, np.int64)
         values = walk.data[start + positions]
-        template = _Template(length, positions, values, tuple(walk.op_runs), fields[0], fields[1])
+        starts = np.zeros(length, bool)
+        starts[positions] = True
+        for run in walk.op_runs:
+            starts[run.offset - 1 : run.offset - 1 + run.count * run.stride : run.stride] = True
+        template = _Template(length, positions, values, tuple(walk.op_runs), fields[0], fields[1], starts)
         if _matches(ops, groups, template):
             return template, groups
     return None
@@ -334,6 +370,22 @@ def _flatten_runs(items: list[Any]) -> list[Any]:
         else:
             out.append(item)
     return out
+
+
+def _run_length(data: np.ndarray, pos: int, stride: int, code: int, limit: int) -> int:
+    """How many bytes ``stride`` apart from ``pos`` on (at most ``limit``) are ``code`` before
+    the first that is not. Scanned in growing windows, so a run costs in proportion to its
+    length, not to the rest of the batch (a row of many short runs would be quadratic)."""
+    done, window = 0, 1024
+    while done < limit:
+        n = min(window, limit - done)
+        first = pos + done * stride
+        others = np.flatnonzero(data[first : first + n * stride : stride] != code)
+        if others.size:
+            return done + int(others[0])
+        done += n
+        window *= 8
+    return limit
 
 
 def _total(runs: list[_Run]) -> int:
