@@ -64,6 +64,9 @@ def assert_same(got: Any, rows: list[Any]) -> None:
     for a, b in zip(got.columns, want.columns):
         assert (a.dtype, a.shape) == (b.dtype, b.shape)
         assert np.array_equal(a, b, equal_nan=True)
+    assert got.kinds == want.kinds  # next_batch gives lists and tuples back as fed
+    if not any(isinstance(v, float) and v != v for r in rows for v in (r if isinstance(r, (list, tuple)) else [r])):
+        assert got.rows(as_fed=True) == rows
 
 
 @pytest.mark.parametrize("n", [1, 1000, 2001])  # the pickler groups a list's items by 1,000

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .codec import ColumnBatch
+from .codec import LIST, OTHER, TUPLE, ColumnBatch
 
 __all__ = ["PickledRows"]
 
@@ -79,6 +79,7 @@ class _Template:
     fields: tuple[_Field, ...]
     scalar: bool  # the row is a bare number, not a tuple/list
     starts: np.ndarray  # bool per byte of the row: an opcode starts there
+    kinds: str  # ColumnBatch.kinds: the row's container and each column's (every row has the same opcodes)
 
 
 class PickledRows:
@@ -210,9 +211,7 @@ def _extract(ops: bytes, groups: list[tuple[int, int]], template: _Template) -> 
                 column += run.count
             done += rows
         columns.append(out if field.seq else out[:, 0])
-    if template.scalar:
-        return ColumnBatch(columns, "scalar")
-    return ColumnBatch(columns, "tuple")
+    return ColumnBatch(columns, "scalar" if template.scalar else "tuple", None, template.kinds)
 
 
 # ---- learning a row's layout from its bytes ---------------------------------------------------------
@@ -330,13 +329,14 @@ def _learn(ops: bytes, start: int, single: bool) -> tuple[_Template, list[tuple[
         fields = _fields(walk.stack[0])
         if fields is None or not fields[0] or len(fields[0]) > MAX_COLUMNS:
             return None
+        kinds = _kinds(walk.stack[0])
         positions = np.asarray(walk.op_positions, np.int64)
         values = walk.data[start + positions]
         starts = np.zeros(length, bool)
         starts[positions] = True
         for run in walk.op_runs:
             starts[run.offset - 1 : run.offset - 1 + run.count * run.stride : run.stride] = True
-        template = _Template(length, positions, values, tuple(walk.op_runs), fields[0], fields[1], starts)
+        template = _Template(length, positions, values, tuple(walk.op_runs), fields[0], fields[1], starts, kinds)
         if _matches(ops, groups, template):
             return template, groups
     return None
@@ -359,6 +359,19 @@ def _fields(row: Any) -> tuple[tuple[_Field, ...], bool] | None:
             return None  # nested deeper, empty, or floats mixed with ints: the row path decides
         out.append(_Field(tuple(runs), True))
     return tuple(out), False
+
+
+def _kinds(row: Any) -> str:
+    """``ColumnBatch.kinds`` of a row :func:`_fields` accepted: its container, then each column's."""
+    if isinstance(row, list):
+        return OTHER + OTHER
+    letters = [LIST if row[0] == "list" else TUPLE]
+    for item in _flatten_runs(row[1]):
+        if isinstance(item, _Run):
+            letters.extend(OTHER * item.count)
+        else:
+            letters.append(LIST if item[0] == "list" else TUPLE)
+    return "".join(letters)
 
 
 def _flatten_runs(items: list[Any]) -> list[Any]:
