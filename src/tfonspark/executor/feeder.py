@@ -38,6 +38,10 @@ _TARGET_BYTES = 4 * 1024 * 1024
 #: chunks make more frames, and each costs the TF process ~0.5 ms (784-float list rows in
 #: 83-row frames: 8-15 us/row there, in 333-row frames 4-6)
 _TARGET_VALUES = 262144
+#: feed ids made here are ``<this driver>:<n>``, n counting up: a node keeps one number per
+#: such stream of feeds, not every id (tfprocess/feedserver.py ``Delivered``)
+_DRIVER_FEEDS = uuid.uuid4().hex[:16]
+_FEED_NUMBERS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class Feeder:
         self.feed_timeout = float(feed_timeout)
         #: made on the driver, so every task of one train()/inference() call shares it: with the
         #: partition index it lets a node recognise a retried partition it already delivered
-        self.feed_id = feed_id or uuid.uuid4().hex
+        self.feed_id = feed_id or f"{_DRIVER_FEEDS}:{next(_FEED_NUMBERS)}"
 
     def _start(self, link: _Link, train: bool, names: list[str] | None = None) -> m.FeedStart:
         return m.FeedStart(self.qname, train, link.partition, names or [], self.feed_id, _attempt(), self.feed_timeout)
@@ -179,7 +183,9 @@ class Feeder:
             count = self._send_partition(link, itertools.chain([first], batches), True)
             if link.terminated:
                 return count
-            reply = m.recv_message(link.conn, m.Ack, m.Terminate)
+            reply = m.recv_message(link.conn, m.Ack, m.Terminate, m.Reject)
+            if isinstance(reply, m.Reject):  # e.g. a replay of a feed the node no longer remembers
+                raise FeedError(f"node {link.target.name}: {reply.reason}")
             if isinstance(reply, m.Ack) and reply.count != count:
                 raise FeedError(
                     f"node {link.target.name} acknowledged {reply.count} of {count} rows of partition {partition}"

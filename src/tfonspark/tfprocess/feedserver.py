@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ProtocolError
+from ..errors import FeedError, ProtocolError
 from ..settings import DEFAULT_FEED_BUFFER_BYTES
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
@@ -41,8 +41,10 @@ class EpochMark:
     epoch: int
 
 
-#: how many recent feeds' delivered partitions are remembered to drop repeated attempts: Spark
-#: retries a partition while its job runs, and a feed's job ends before the next feed starts
+#: of how many recent feeds of one stream (or of train() calls) the delivered partitions are
+#: remembered, to drop repeated attempts: Spark retries a partition while its job runs, and a
+#: micro-batch's job ends before the next one's starts. An attempt of an older feed is refused
+#: (see ``Delivered``), never delivered again.
 _REMEMBERED_FEEDS = 64
 #: a feeder sends its FeedStart right after connecting
 _FIRST_MESSAGE_SECS = 30.0
@@ -311,6 +313,69 @@ class _Staging:
             self._spill = None
 
 
+class Delivered:
+    """Which partitions of which feeds were delivered, in memory bounded by the streams' count.
+
+    A feed id ``<stream>:<number>`` is a micro-batch of a stream (the driver's ``<query id>:<batch
+    id>``, ``<stream>:<batch time ms>``, ``<driver>:<n>`` of ``train()`` calls; numbers grow);
+    other ids (an older feeder's) form one stream of their own. Of each stream, the partitions of
+    its last ``_REMEMBERED_FEEDS`` feeds are remembered; of its older ones only the highest number
+    (other ids: each id). A stream's feeds run one after another, so only its own newer feeds push
+    a feed out, never another stream's nor one that is still running.
+
+    An attempt of a forgotten feed (its number at or below what the stream forgot) is refused with
+    ``FeedError``: whether its partition was delivered is no longer known, and delivering it
+    twice is the one thing that must not happen. A long stream costs one number, whatever its
+    length.
+    """
+
+    def __init__(self, remembered: int | None = None) -> None:
+        self.remembered = _REMEMBERED_FEEDS if remembered is None else remembered
+        self.recent: dict[str | None, collections.OrderedDict[str, set[int]]] = {}  # stream -> feed -> partitions
+        self.forgotten_up_to: dict[str, int] = {}  # stream -> the highest number it forgot
+        self.forgotten_ids: set[str] = set()  # forgotten feeds whose id has no number
+
+    def first(self, feed_id: str, partition: int) -> bool:
+        """Record ``partition`` of ``feed_id`` delivered: True if it was not before, False if it
+        was (a repeated attempt), ``FeedError`` if the feed is older than what is remembered."""
+        stream, number = _sequence(feed_id)
+        family = stream if number is not None else None
+        recent = self.recent.get(family) or collections.OrderedDict()
+        seen = recent.get(feed_id)
+        if seen is None:
+            if (feed_id in self.forgotten_ids) if number is None else number <= self.forgotten_up_to.get(stream, -1):
+                raise FeedError(
+                    f"partition {partition} of feed {feed_id!r} was refused: this node remembers which partitions "
+                    f"were delivered for the last {self.remembered} feeds of a stream only, and that feed is older, "
+                    "so its rows might be delivered twice (a micro-batch replayed long after it ran, or a task "
+                    "attempt that outlived its feed job)"
+                )
+            recent = self.recent.setdefault(family, collections.OrderedDict())
+            seen = recent[feed_id] = set()
+            while len(recent) > self.remembered:
+                self._forget(recent.popitem(last=False)[0])
+        recent.move_to_end(feed_id)
+        if partition in seen:
+            return False
+        seen.add(partition)
+        return True
+
+    def _forget(self, feed_id: str) -> None:
+        stream, number = _sequence(feed_id)
+        if number is None:
+            self.forgotten_ids.add(feed_id)
+        else:
+            self.forgotten_up_to[stream] = max(number, self.forgotten_up_to.get(stream, -1))
+
+
+def _sequence(feed_id: str) -> tuple[str, int | None]:
+    """``("<stream>", number)`` for a feed id ``<stream>:<number>``, else ``(feed_id, None)``."""
+    stream, colon, number = feed_id.rpartition(":")
+    if colon and 0 < len(number) <= 20 and number.isascii() and number.isdigit():
+        return stream, int(number)
+    return feed_id, None
+
+
 class FeedServer:
     """Accepts authenticated feed connections and fills one ByteQueue per queue name.
 
@@ -322,6 +387,10 @@ class FeedServer:
     queue only when its end marker arrived, and only the first complete attempt of a partition
     (``feed_id``, ``partition``) is kept; a retried or speculative attempt of a partition that
     was already delivered is read and dropped, then acknowledged.
+
+    What was delivered is kept by :class:`Delivered` in bounded memory; an attempt of a feed
+    too old for it to know is read, dropped and refused (``Reject``: the feeder raises
+    ``FeedError``), never delivered a second time.
     """
 
     def __init__(
@@ -337,9 +406,7 @@ class FeedServer:
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
-        # partitions delivered, by feed (train() call, epoch job, stream micro-batch): the last
-        # _REMEMBERED_FEEDS only, so a long stream does not grow it without end
-        self._delivered: collections.OrderedDict[str, set[int]] = collections.OrderedDict()
+        self.delivered = Delivered()  # partitions delivered, by feed
         self._lock = threading.Lock()
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
@@ -431,7 +498,12 @@ class FeedServer:
             count = self._read_partition(stream, take)
             if count is None:
                 return False
-            if self._first_delivery(stream) and queue.commit(stream, staging.batches(), staging.staged):
+            try:
+                first = self._first_delivery(stream)
+            except FeedError as refused:
+                self._refuse(stream, refused)
+                return False
+            if first and queue.commit(stream, staging.batches(), staging.staged):
                 staging.staged = 0
             m.send_message(stream.conn, m.Ack(count))
             return False
@@ -465,24 +537,26 @@ class FeedServer:
         return end.count
 
     def _first_delivery(self, stream: Stream) -> bool:
-        """True for the first complete attempt of a partition; later ones are dropped."""
+        """True for the first complete attempt of a partition; later ones are dropped (False).
+        ``FeedError`` for an attempt of a feed too old to know (see :class:`Delivered`)."""
         if stream.key is None:
             return True
-        feed_id, partition = stream.key
         with self._lock:
-            seen = self._delivered.setdefault(feed_id, set())
-            self._delivered.move_to_end(feed_id)
-            while len(self._delivered) > _REMEMBERED_FEEDS:
-                self._delivered.popitem(last=False)
-            if partition in seen:
-                log.info(
-                    "feed server: partition %s was already delivered; dropped a repeated "
-                    "attempt (a Spark retry or speculative task)",
-                    stream.partition,
-                )
-                return False
-            seen.add(partition)
-            return True
+            first = self.delivered.first(*stream.key)
+        if not first:
+            log.info(
+                "feed server: partition %s was already delivered; dropped a repeated "
+                "attempt (a Spark retry or speculative task)",
+                stream.partition,
+            )
+        return first
+
+    def _refuse(self, stream: Stream, refused: FeedError) -> None:
+        """Tell the feeder (and the driver) why its partition was dropped."""
+        log.warning("feed server: %s", refused)
+        assert stream.key is not None
+        self.on_event("feed_refused", {"partition": stream.partition, "feed_id": stream.key[0], "reason": str(refused)})
+        m.send_message(stream.conn, m.Reject(str(refused)))
 
     def _stalled(self, stream: Stream) -> None:
         """A feeder sent nothing for its feed_timeout: drop its attempt and tell the driver."""
