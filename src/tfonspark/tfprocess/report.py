@@ -11,7 +11,9 @@ Two rules shape this module:
 * **Bad input fails at the call, in the caller's thread** (:func:`report_payload`): the metrics
   must be a mapping with ``str`` keys and JSON values, at most :data:`MAX_REPORT_BYTES` encoded.
   numpy scalars and arrays (and eager tensors, through their ``numpy()``) become Python numbers
-  and lists, so ``ctx.report({"loss": np.float32(0.5)})`` just works.
+  and lists, so ``ctx.report({"loss": np.float32(0.5)})`` just works. Every failure is a
+  ``ConfigError``; a value too large is refused as soon as its size shows it (an array's
+  element count), before it is converted, so a 10M-element array costs no more than a small one.
 * **Reporting never stalls or breaks training**: reports are written by a background thread
   (:class:`Reporter`), so a slow or frozen supervisor cannot block ``map_fun``; when more than
   ``max_pending`` wait, the oldest are dropped (with one warning); a supervisor that is gone
@@ -40,6 +42,11 @@ MAX_REPORT_BYTES = 64 * 1024
 carries heartbeats and Stop too, and the driver keeps the last 10,000 reports)."""
 
 _MAX_DEPTH = 32  # nesting of lists/dicts; deeper is almost surely a cycle
+#: ints with more digits are refused: CPython converts at most 4,300 digits between int and str
+#: by default (``sys.get_int_max_str_digits``), in ``json.dumps`` here and ``json.loads`` on the
+#: driver alike
+_MAX_INT_DIGITS = 4300
+_INT_BOUND = 10**_MAX_INT_DIGITS
 _JSON_TYPES = "str, int, float, bool, None, lists and str-keyed dicts of them, numpy scalars and arrays"
 
 
@@ -51,8 +58,11 @@ def report_payload(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(metrics, Mapping):
         raise ConfigError(f"ctx.report takes a mapping of metric name -> value. Received: {type(metrics).__name__}")
-    payload = _object(metrics, "", 0)
-    size = len(json.dumps(payload, separators=(",", ":")).encode())
+    payload = _Converter().object(metrics, "", 0)
+    try:
+        size = len(json.dumps(payload, separators=(",", ":")).encode())
+    except ValueError as exc:  # an int over a limit lowered with sys.set_int_max_str_digits
+        raise ConfigError(f"ctx.report could not encode the metrics as JSON. Received: {exc}") from None
     if size > MAX_REPORT_BYTES:
         biggest = max(payload, key=lambda k: len(json.dumps(payload[k])), default="")
         raise ConfigError(
@@ -63,48 +73,107 @@ def report_payload(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _object(mapping: Mapping[Any, Any], where: str, depth: int) -> dict[str, Any]:
-    """A str-keyed mapping with every value converted."""
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if not isinstance(key, str):
-            raise ConfigError(
-                f"ctx.report keys must be str. Received: key {key!r} ({type(key).__name__})"
-                + (f" in {where!r}" if where else "")
-            )
-        out[key] = _value(value, f"{where}.{key}" if where else key, depth + 1)
-    return out
+def _too_large(where: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"a report may be at most {MAX_REPORT_BYTES} bytes as JSON; report metrics and summaries, and "
+        f"write larger results to files. Received: more than that by {where!r} ({what})"
+    )
 
 
-def _value(value: Any, where: str, depth: int) -> Any:
-    """One value as JSON: scalars kept, numpy values and containers converted."""
-    if depth > _MAX_DEPTH:
-        raise ConfigError(f"ctx.report values nest more than {_MAX_DEPTH} levels deep. Received: at {where!r}")
-    if value is None or isinstance(value, bool):
+class _Converter:
+    """Converts one report, counting bytes its JSON surely takes as it goes (every value at
+    least its shortest encoding, brackets, commas, quoted keys): past :data:`MAX_REPORT_BYTES`
+    it stops, and a container or array whose length alone shows it cannot fit in what is left
+    is refused before it is converted. So a 10M-element array or a list of large lists costs
+    time in proportion to the limit, not to its size. :func:`report_payload` still measures the
+    real encoding."""
+
+    def __init__(self) -> None:
+        self.left = MAX_REPORT_BYTES
+
+    def need(self, nbytes: int, where: str, what: str) -> None:
+        """Refuse a value that surely takes more than ``nbytes`` when fewer are left."""
+        if nbytes > self.left:
+            raise _too_large(where, what)
+
+    def spend(self, nbytes: int, where: str, what: str) -> None:
+        self.need(nbytes, where, what)
+        self.left -= nbytes
+
+    def object(self, mapping: Mapping[Any, Any], where: str, depth: int) -> dict[str, Any]:
+        """A str-keyed mapping with every value converted."""
+        n, what = len(mapping), f"a mapping of {len(mapping):,} keys"
+        self.need(5 * n + 1 if n else 2, where or "the metrics", what)  # {"":0,...}
+        self.spend(n + 1 if n else 2, where or "the metrics", what)  # braces and commas
+        out: dict[str, Any] = {}
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                raise ConfigError(
+                    f"ctx.report keys must be str. Received: key {key!r} ({type(key).__name__})"
+                    + (f" in {where!r}" if where else "")
+                )
+            inner = f"{where}.{key}" if where else key
+            self.spend(len(key) + 3, inner, f"a key of {len(key):,} characters")
+            out[key] = self.value(value, inner, depth + 1)
+        return out
+
+    def sequence(self, items: list[Any] | tuple[Any, ...], where: str, depth: int, what: str) -> list[Any]:
+        n = len(items)
+        self.need(2 * n + 1 if n else 2, where, what)  # [0,...]
+        self.spend(n + 1 if n else 2, where, what)  # brackets and commas
+        return [self.value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(items)]
+
+    def value(self, value: Any, where: str, depth: int) -> Any:
+        """One value as JSON: scalars kept, numpy values and containers converted."""
+        if depth > _MAX_DEPTH:
+            raise ConfigError(f"ctx.report values nest more than {_MAX_DEPTH} levels deep. Received: at {where!r}")
+        if value is None or isinstance(value, bool):
+            self.spend(4, where, "null, true or false")
+            return value
+        if isinstance(value, str):
+            self.spend(len(value) + 2, where, f"a str of {len(value):,} characters")
+            return str(value)  # str subclasses (np.str_) as plain str
+        if isinstance(value, int):
+            self.spend(1, where, "an int")
+            return _int(int(value), where)
+        if isinstance(value, float):
+            self.spend(3, where, "a float")  # 0.0, NaN
+            return float(value)  # np.float64 is a float
+        if isinstance(value, np.generic):
+            if isinstance(value, (np.bool_, np.integer, np.floating)):
+                self.spend(1, where, "a number")
+                return value.item()  # 64 bits at most: within the int digit limit
+        elif isinstance(value, np.ndarray):
+            n, what = value.size, f"an array of {value.size:,} values"
+            if value.dtype.kind in "biuf":  # checked from its size, before converting it
+                self.spend(2 * n + 1 if n else 2, where, what)
+                return value.tolist()
+            if value.dtype == object:
+                if value.ndim == 0:
+                    return self.value(value.item(), where, depth)
+                self.need(2 * n + 1 if n else 2, where, what)
+                return self.sequence(value.tolist(), where, depth, what)
+        elif isinstance(value, Mapping):
+            return self.object(value, where, depth)
+        elif isinstance(value, (list, tuple)):
+            return self.sequence(value, where, depth, f"a {type(value).__name__} of {len(value):,} values")
+        elif callable(getattr(value, "numpy", None)):  # an eager tf.Tensor / Variable
+            return self.value(np.asarray(value.numpy()), where, depth)
+        raise ConfigError(
+            f"ctx.report values must be JSON-able ({_JSON_TYPES}). "
+            f"Received: {where}={type(value).__name__}"
+            + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
+        )
+
+
+def _int(value: int, where: str) -> int:
+    """``value`` if JSON on both ends can carry it (at most ``_MAX_INT_DIGITS`` digits)."""
+    if -_INT_BOUND < value < _INT_BOUND:
         return value
-    if isinstance(value, str):
-        return str(value)  # str subclasses (np.str_) as plain str
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)  # np.float64 is a float
-    if isinstance(value, np.generic):
-        if isinstance(value, (np.bool_, np.integer, np.floating)):
-            return value.item()
-    elif isinstance(value, np.ndarray):
-        if value.dtype.kind in "biuf":
-            return value.tolist()
-        if value.dtype == object:
-            return [_value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.tolist())]
-    elif isinstance(value, Mapping):
-        return _object(value, where, depth)
-    elif isinstance(value, (list, tuple)):
-        return [_value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
-    elif callable(getattr(value, "numpy", None)):  # an eager tf.Tensor / Variable
-        return _value(np.asarray(value.numpy()), where, depth)
     raise ConfigError(
-        f"ctx.report values must be JSON-able ({_JSON_TYPES}). "
-        f"Received: {where}={type(value).__name__}" + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
+        f"ctx.report ints may have at most {_MAX_INT_DIGITS:,} digits (Python's int/str conversion limit, "
+        f"which the driver applies too when it reads the report). Received: {where!r}, an int of about "
+        f"{value.bit_length() * 0.30103:,.0f} digits; report it as a float or a str"
     )
 
 
