@@ -25,7 +25,7 @@ from typing import Any
 
 from ..settings import DEFAULT_FEED_BUFFER_BYTES
 from ..wire.codec import ColumnBatch, pack_rows
-from .feedserver import END_FEED, ByteQueue
+from .feedserver import END_FEED, ByteQueue, ConsumerStalled
 
 __all__ = ["LocalFeeds", "LocalQueue"]
 
@@ -51,18 +51,30 @@ class _LocalStream:
 class LocalQueue:
     """One named queue: ``put`` rows in (``None`` ends the feed), ``get`` results out."""
 
-    def __init__(self, data: ByteQueue, stream: _LocalStream, results: queue.Queue[Any]) -> None:
+    def __init__(self, data: ByteQueue, stream: _LocalStream, results: queue.Queue[Any], name: str = "") -> None:
         self._data = data
         self._stream = stream
         self._results = results
+        self._name = name
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Feed one row (any shape a Spark row may have); ``None`` marks the end of the feed."""
+        """Feed one row (any shape a Spark row may have); ``None`` marks the end of the feed.
+
+        As TFoS's queue: blocks while the queue is full, and raises ``queue.Full`` when it is
+        full and ``block`` is False, or still full after ``timeout`` seconds.
+        """
         if item is None:
             self._data.put(None, END_FEED)
             return
         batch = pack_rows([item])
-        self._data.put(self._stream, batch, batch.nbytes, timeout if block else 0.0)
+        try:
+            self._data.put(self._stream, batch, batch.nbytes, timeout if block else 0.0)
+        except ConsumerStalled:
+            waited = "put(block=False)" if not block else f"put(timeout={timeout})"
+            raise queue.Full(
+                f"queue {self._name!r} is full ({self._data.capacity:,} bytes, the buffer_bytes of "
+                f"LocalFeeds): {waited} found no room; a DataFeed reading it makes room"
+            ) from None
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """The next result ``batch_results`` returned (``queue.Empty`` after ``timeout``)."""
@@ -100,7 +112,7 @@ class LocalFeeds:
             if qname not in self._queues:
                 readable = self._answers if qname == self.results_queue else queue.Queue()
                 self._data[qname] = ByteQueue(self.buffer_bytes)
-                self._queues[qname] = LocalQueue(self._data[qname], _LocalStream(self._answers), readable)
+                self._queues[qname] = LocalQueue(self._data[qname], _LocalStream(self._answers), readable, qname)
             return self._queues[qname]
 
     def queue(self, qname: str) -> ByteQueue:
