@@ -201,7 +201,8 @@ def _columns(batches: Iterator[Any]) -> tuple[str, ...] | list[Any]:
     from tfonspark.errors import InputError
 
     try:
-        got = [(b.layout, [np.array(c) for c in b.columns]) for b in batches]  # copies: scratch is reused
+        # copies (scratch memory is reused); the layout with the containers the rows were fed as
+        got = [((b.layout, b.kinds), [np.array(c) for c in b.columns]) for b in batches]
     except InputError as e:
         return ("raise", "InputError", str(e))
     except Exception as e:
@@ -255,8 +256,10 @@ def check(blob: bytes, clean: bytes, primed: bool) -> str:
         if not isinstance(rows, list) or len(rows) != got.count:
             raise Mismatch(f"decoded {got.count} rows, pickle.loads gives {type(rows).__name__}")
         want = pack_rows(rows)
-        if not _same([(got.layout, got.columns)], [(want.layout, want.columns)]):
+        if not _same([((got.layout, got.kinds), got.columns)], [((want.layout, want.kinds), want.columns)]):
             raise Mismatch("decoded columns differ from pickle.loads' rows")
+        if repr(got.rows(as_fed=True)) != repr(rows):  # repr: NaN == NaN, -0.0 != 0.0
+            raise Mismatch("decoded rows, given back as fed, differ from pickle.loads' rows")
 
     # the product path, which falls back, against the row path over pickle.loads' rows
     def row_path() -> Iterator[Any]:
