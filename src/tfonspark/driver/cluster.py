@@ -153,31 +153,26 @@ class Cluster:
     # ---- failure handling ------------------------------------------------------------------
     def _watch(self) -> None:
         """Follow node events; on a node failure or a stalled feed, cancel the feed jobs at once."""
-        server, seen = self.server, 0  # this attempt's server: a restart gives the next its own watcher
+        server = self.server  # this attempt's server: a restart gives the next its own watcher
         while True:
-            server.wait_for(functools.partial(self._new_events, server, seen), None)
-            events = server.events_since(seen)
-            seen += len(events)
-            for node, event in events:
+            server.wait_for(functools.partial(self._new_events, server), None)
+            for node, event in server.take_events():
                 self._on_event(node, event)
             if server.failures() or self._closed or server.closed:
                 break
         if server.failures():
             self.feeds.cancel()
 
-    def _new_events(self, server: RendezvousServer, seen: int, nodes: Iterable[NodeState]) -> bool:
-        return self._closed or len(server.events) > seen
+    def _new_events(self, server: RendezvousServer, nodes: Iterable[NodeState]) -> bool:
+        return self._closed or server.has_events()
 
     def _on_event(self, node: NodeState, event: m.NodeEvent) -> None:
         if event.kind == "report" and isinstance(event.detail, dict):
             self.report_log.add(node.role.job_name, node.role.task_index, event.detail)
         elif event.kind == "feed_stalled":
             self._on_stall(node, event.detail)
-        elif event.kind == "feed_terminated":
-            node.feed_ended = True
-            self.server.notify()  # wake waiters on all_done(): the streams' watcher, shutdown
-        elif event.kind == "epoch_read":
-            pass  # train() reads these from the server's events (_marks_read)
+        elif event.kind in ("feed_terminated", "epoch_read"):
+            pass  # the server keeps these as it records them: node.feed_ended, epochs_read() (_marks_read)
         else:
             log.info("node %s reported %s: %s", node.role.name, event.kind, event.detail)
 
@@ -420,11 +415,7 @@ class Cluster:
     @staticmethod
     def _marks_read(server: RendezvousServer, feed_id: str) -> dict[str, int]:
         """For each data node, the last epoch of a train feed it read to the end (its end mark)."""
-        read: dict[str, int] = {}
-        for node, event in server.events:
-            if event.kind == "epoch_read" and event.detail.get("feed_id") == feed_id:
-                read[node.role.name] = max(read.get(node.role.name, -1), int(event.detail.get("epoch", -1)))
-        return read
+        return server.epochs_read(feed_id)
 
     def _await_read_through(self, feed_id: str, epoch: int, timeout: float) -> None:
         """Wait until every data node has read ``epoch`` of a train feed to its end (or has finished).
@@ -442,14 +433,14 @@ class Cluster:
         progress = -1
         while not server.wait_for(read, timeout):
             self.check()
-            if len(server.events) == progress:
+            if server.event_count == progress:
                 log.warning(
                     "train(): the data nodes have not read the last epoch to its end after feed_timeout=%.0fs "
                     "without progress; a node failing now restarts without it being fed again",
                     timeout,
                 )
                 return
-            progress = len(server.events)
+            progress = server.event_count
         self.check()
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:
@@ -506,7 +497,8 @@ class Cluster:
 
     @property
     def reports(self) -> list[Report]:
-        """Every ``ctx.report({...})`` the nodes made (the last 10,000), oldest first."""
+        """The ``ctx.report({...})`` calls the nodes made, oldest first: the last 10,000
+        (``reports.KEEP_REPORTS``), fewer where they hold over 32 MiB as JSON (``KEEP_BYTES``)."""
         return self.report_log.all()
 
     def tensorboard_url(self) -> str | None:

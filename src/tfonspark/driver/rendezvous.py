@@ -6,31 +6,107 @@ the node (or its executor) died or hung. Both sides send a ``Heartbeat`` every
 ``heartbeat_secs``. Connections are accepted and authenticated by a :class:`Listener`: peers
 that fail, stall or flood the handshake are dropped without a reply, and the server keeps
 serving the others.
+
+**Node events** (``NodeEvent``: reports, feed-server events) take bounded memory however long
+the cluster runs. Each event is at most ``MAX_EVENT_BYTES`` encoded (larger ones, and ones with
+a malformed field such as a ``feed_id`` over ``MAX_FEED_ID`` characters, are refused with an
+error; the node goes on). An event waits here only until the cluster's watcher takes it
+(:meth:`RendezvousServer.take_events`): at most ``EVENT_BACKLOG`` events and ``BACKLOG_BYTES``
+of them, beyond which the oldest reports are dropped with a warning. What the cluster needs
+from events later is kept as compact state as they arrive: the last epoch each node read
+through for the last ``MARKED_FEEDS`` feeds (:meth:`RendezvousServer.epochs_read`), and a
+terminated feed on its node (``NodeState.feed_ended``). The reports themselves are kept by
+:class:`~tfonspark.driver.reports.ReportLog` (the latest ``KEEP_REPORTS``, at most ``KEEP_BYTES``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import operator
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import settings
 from ..errors import ConfigError, ProtocolError
 from ..executor.host import is_wildcard
+from ..executor.supervisor import MAX_EVENT_BYTES
 from ..wire import messages as m
 from ..wire.framing import Connection
 from ..wire.listener import Listener
 from .plan import NodeRole, build_cluster_spec
 
-__all__ = ["NodeState", "RendezvousServer", "bind_server_socket"]
+__all__ = [
+    "BACKLOG_BYTES",
+    "EVENT_BACKLOG",
+    "MARKED_FEEDS",
+    "MAX_EVENT_BYTES",
+    "MAX_FEED_ID",
+    "NodeState",
+    "RendezvousServer",
+    "bind_server_socket",
+]
 
 log = logging.getLogger(__name__)
 _CONTROL_MAX_FRAME = 4 * 1024 * 1024
+EVENT_BACKLOG = 10_000
+"""The most node events waiting for the cluster's watcher; beyond it the oldest reports go."""
+BACKLOG_BYTES = 16 * 1024 * 1024
+"""The most bytes (encoded) of node events waiting for the cluster's watcher."""
+MARKED_FEEDS = 64
+"""How many feeds' epoch marks (``epoch_read``) are kept: the most recently marked."""
+MAX_FEED_ID = 256
+"""The longest ``feed_id`` an event may name (tfonspark's own are at most ~60 characters)."""
+_FIELDS = {  # the events the driver acts on: the fields it reads (checked where present) ...
+    "epoch_read": ("feed_id", "epoch"),
+    "feed_stalled": ("feed_id", "partition", "received", "timeout", "train"),
+}
+_VALID: dict[str, tuple[Callable[[Any], bool], str]] = {  # each field: its check, and what is valid
+    "feed_id": (
+        lambda v: isinstance(v, str) and len(v) <= MAX_FEED_ID,
+        f"a str of at most {MAX_FEED_ID} characters (MAX_FEED_ID)",
+    ),
+    "epoch": (lambda v: type(v) is int and 0 <= v < 2**31, "an int from 0 to 2**31 - 1"),
+    "partition": (lambda v: type(v) is int, "an int"),
+    "received": (lambda v: type(v) is int, "an int"),
+    "timeout": (lambda v: type(v) in (int, float), "a number of seconds"),
+    "train": (lambda v: type(v) is bool, "a bool"),
+}
+_REQUIRED = {"epoch_read": ("feed_id", "epoch")}  # ... and those they must carry
+
+
+def _often(count: int) -> bool:
+    """Whether the ``count``-th occurrence of a repeated problem is logged: the first 10, then 1 in 1,000."""
+    return count <= 10 or count % 1000 == 0
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str) and len(value) > 40:
+        return f"a str of {len(value)} characters"
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__}"
+    return repr(value)[:60]
+
+
+def _event_refusal(event: m.NodeEvent, size: int) -> str:
+    """Why the driver refuses a node event (``""``: it does not): its size, or a field it acts on."""
+    if size > MAX_EVENT_BYTES:
+        return f"it is {size} bytes; an event may be at most {MAX_EVENT_BYTES} bytes (MAX_EVENT_BYTES)"
+    detail: Mapping[str, Any] = event.detail
+    for name in _REQUIRED.get(event.kind, ()):
+        if name not in detail:
+            return f"its {name} is missing; {event.kind} events carry {' and '.join(_REQUIRED[event.kind])}"
+    for name in _FIELDS.get(event.kind, ()):
+        valid, want = _VALID[name]
+        if name in detail and not valid(detail[name]):
+            return f"its {name} is {_shown(detail[name])}, and must be {want}"
+    return ""
 
 
 @dataclass
@@ -55,6 +131,8 @@ class NodeState:
     def failed(self) -> bool:
         return bool(self.lost) or (self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
 
+
+_Pending = tuple[int, NodeState, m.NodeEvent, int]  # (number, node, event, encoded size)
 
 _SERVER_SETTINGS = "server_port/server_host (spark.tfonspark.serverPort/serverHost, TFOS_SERVER_PORT/TFOS_SERVER_HOST)"
 
@@ -121,7 +199,14 @@ class RendezvousServer:
         self.secret = secret
         self.nodes = {r.executor_id: NodeState(r) for r in roles}
         self.cluster_spec: dict[str, list[str]] | None = None
-        self.events: list[tuple[NodeState, m.NodeEvent]] = []
+        self.event_count = 0  # node events accepted so far (each refused one counts in ``refused``)
+        self.refused = 0  # node events refused: over MAX_EVENT_BYTES or with a malformed field
+        self.dropped = 0  # node events dropped because the watcher fell behind (EVENT_BACKLOG, BACKLOG_BYTES)
+        # events waiting for take_events(): (number, node, event, size); reports apart, as they go first
+        self._reports: collections.deque[_Pending] = collections.deque()
+        self._notices: collections.deque[_Pending] = collections.deque()
+        self._backlog_bytes = 0
+        self._marks: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
         self.heartbeat_secs = heartbeat_secs
         self.heartbeat_timeout = heartbeat_timeout
         self.handshake_timeout = handshake_timeout
@@ -254,29 +339,90 @@ class RendezvousServer:
         conn.settimeout(self.heartbeat_timeout)
         while True:
             try:
-                msg = m.recv_message(conn, m.NodeUp, m.NodeExit, m.Heartbeat, m.NodeEvent)
+                payload = conn.recv()
             except TimeoutError:
                 self._lost(
                     node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s (executor lost or hung?)"
                 )
                 return
-            if self._record(node, msg):
+            msg = m.decode(payload)
+            if not isinstance(msg, (m.NodeUp, m.NodeExit, m.Heartbeat, m.NodeEvent)):
+                raise ProtocolError(f"expected node_up, node_exit, heartbeat or node_event, received {msg.TYPE}")
+            if self._record(node, msg, len(payload)):
                 return
 
-    def _record(self, node: NodeState, msg: m.Message) -> bool:
-        """Note one message from a node's supervisor; True once the node has exited."""
+    def _record(self, node: NodeState, msg: m.Message, size: int) -> bool:
+        """Note one message (``size`` bytes) from a node's supervisor; True once the node has exited."""
         if isinstance(msg, m.Heartbeat):
             return False
+        if isinstance(msg, m.NodeEvent):
+            why = _event_refusal(msg, size)
+            if why:
+                self._refuse(node, msg, why)
+                return False
+        dropped = 0
         with self._cond:
             if isinstance(msg, m.NodeUp):
                 node.up = msg
             elif isinstance(msg, m.NodeEvent):
-                self.events.append((node, msg))
+                dropped = self._add_event(node, msg, size)
             elif isinstance(msg, m.NodeExit):
                 node.exit = msg
                 node.finished_at = time.time()
             self._cond.notify_all()
+        if dropped and _often(dropped):
+            log.warning(
+                "rendezvous: the driver's event watcher fell behind by over %d events or %d bytes "
+                "(EVENT_BACKLOG, BACKLOG_BYTES; a slow on_report callback?): dropped the oldest waiting "
+                "event, reports first (%d dropped so far)",
+                EVENT_BACKLOG,
+                BACKLOG_BYTES,
+                dropped,
+            )
         return isinstance(msg, m.NodeExit)
+
+    def _refuse(self, node: NodeState, event: m.NodeEvent, why: str) -> None:
+        with self._cond:
+            self.refused += 1
+            count = self.refused
+        if _often(count):
+            log.error(
+                "rendezvous: refused a %r event from node %s: %s. The event was dropped; the node goes on "
+                "(%d refused so far)",
+                event.kind[:64],
+                node.role.name,
+                why,
+                count,
+            )
+
+    def _add_event(self, node: NodeState, event: m.NodeEvent, size: int) -> int:
+        """Keep what the cluster needs of an event, queue it for the watcher; the drop count if one went."""
+        self.event_count += 1
+        if event.kind == "epoch_read":
+            self._mark(node, event.detail["feed_id"], event.detail["epoch"])
+        elif event.kind == "feed_terminated":
+            node.feed_ended = True  # it takes no more data (Cluster.all_done)
+        queue = self._reports if event.kind == "report" else self._notices
+        queue.append((self.event_count, node, event, size))
+        self._backlog_bytes += size
+        dropped = 0
+        while len(self._reports) + len(self._notices) > EVENT_BACKLOG or self._backlog_bytes > BACKLOG_BYTES:
+            oldest = (self._reports or self._notices).popleft()
+            self._backlog_bytes -= oldest[3]
+            self.dropped += 1
+            dropped = self.dropped
+        return dropped
+
+    def _mark(self, node: NodeState, feed_id: str, epoch: int) -> None:
+        marks = self._marks.get(feed_id)
+        if marks is None:
+            marks = self._marks[feed_id] = {}
+            while len(self._marks) > MARKED_FEEDS:
+                self._marks.popitem(last=False)
+        else:
+            self._marks.move_to_end(feed_id)
+        name = node.role.name
+        marks[name] = max(marks.get(name, -1), epoch)
 
     def _heartbeats(self) -> None:
         """Every ``heartbeat_secs``, tell each running node's supervisor that the driver lives."""
@@ -339,10 +485,31 @@ class RendezvousServer:
         with contextlib.suppress(OSError):
             m.send_message(node.conn, m.Stop(grace_secs))
 
-    def events_since(self, index: int) -> list[tuple[NodeState, m.NodeEvent]]:
-        """Events nodes reported, from the ``index``-th on (pass the count already seen)."""
+    def take_events(self) -> list[tuple[NodeState, m.NodeEvent]]:
+        """The events nodes reported since the last call, oldest first; the server keeps none of them.
+
+        One consumer takes them: the cluster's watcher. If it falls ``EVENT_BACKLOG`` events (or
+        ``BACKLOG_BYTES``) behind, the oldest reports are dropped (``dropped``).
+        """
         with self._cond:
-            return self.events[index:]
+            pending = [*self._notices, *self._reports]
+            self._reports.clear()
+            self._notices.clear()
+            self._backlog_bytes = 0
+        pending.sort(key=operator.itemgetter(0))
+        return [(node, event) for _, node, event, _ in pending]
+
+    def has_events(self) -> bool:
+        """True while events wait for :meth:`take_events`."""
+        return bool(self._reports or self._notices)
+
+    def epochs_read(self, feed_id: str) -> dict[str, int]:
+        """For each node, the last epoch of feed ``feed_id`` it read to the end (its ``epoch_read`` mark).
+
+        Kept for the last ``MARKED_FEEDS`` feeds marked; ``{}`` for one older or never marked.
+        """
+        with self._cond:
+            return dict(self._marks.get(feed_id, {}))
 
     def close(self) -> None:
         """Stop serving: close every connection, release every waiter, stop the heartbeats."""
