@@ -138,17 +138,24 @@ def _cuts_at_opcodes(cuts: list[int], groups: list[tuple[int, int]], template: _
 
     ``pickle.loads`` treats FRAME as an opcode like any other: a header that stands inside a
     number's 8 bytes (never written by the pickler, but possible in stored bytes) is read by
-    it as part of that number, so the columns would differ from its rows.
+    it as part of that number, so the columns would differ from its rows. A batch has one cut
+    per 64 KiB frame: plain Python ints are cheaper than numpy here.
     """
-    at = np.asarray(cuts, np.int64)
-    ok = (at <= 1) | (at >= total - 1)  # EMPTY_LIST, MEMOIZE of the batch; STOP
-    length = template.length
-    for offset, rows in groups:
-        end = offset + rows * length
-        ok |= (at == offset - 1) | (at == end)  # the group's MARK and APPENDS (one row: MEMOIZE, APPEND)
-        inside = (at >= offset) & (at < end)
-        ok[inside] |= template.starts[(at[inside] - offset) % length]
-    return bool(ok.all())
+    length, starts = template.length, template.starts
+    for at in cuts:
+        if at <= 1 or at >= total - 1:
+            continue  # the batch's EMPTY_LIST and MEMOIZE; STOP
+        for offset, rows in groups:
+            end = offset + rows * length
+            if at == offset - 1 or at == end:
+                break  # the group's MARK and APPENDS (one row: MEMOIZE, APPEND)
+            if offset <= at < end:
+                if not starts[(at - offset) % length]:
+                    return False
+                break
+        else:
+            return False
+    return True
 
 
 def _groups(ops: bytes, length: int, single: bool) -> list[tuple[int, int]] | None:
