@@ -26,7 +26,11 @@ __all__ = [
 
 
 def release_port(ctx: NodeContext) -> None:
-    """Free the port reserved for this node (needed before starting a TF server yourself)."""
+    """Give the port reserved for this node to the TF server you start next (``release_port=False``).
+
+    As in TFoS, call it before starting the server; the port stays held until that server binds
+    it (:meth:`~tfonspark.tfprocess.context.NodeContext.release_port`).
+    """
     ctx.release_port()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..fs import qualify
 from .report import report_payload
+from .server import PortHandover, hand_over_port
 from .server import start_cluster_server as _start_cluster_server
 
 __all__ = ["NodeContext", "hdfs_path"]
@@ -70,6 +71,7 @@ class NodeContext:
         self.working_dir = working_dir
         self.mgr = mgr
         self.tmp_socket = tmp_socket
+        self._handover: PortHandover | None = None  # the reserved port, until its server binds it
         self.tensorboard_url = tensorboard_url
         self._reporter = reporter
         #: the GPU addresses this node's TF process was given (its ``CUDA_VISIBLE_DEVICES`` unless
@@ -90,11 +92,26 @@ class NodeContext:
     def absolute_path(self, path: str) -> str:
         return hdfs_path(self, path)
 
-    def release_port(self) -> None:
-        """Free the port reserved for this node's TF server (``release_port=False`` clusters)."""
-        if self.tmp_socket is not None:
-            self.tmp_socket.close()
-            self.tmp_socket = None
+    def release_port(self, *, now: bool = False) -> None:
+        """Give the port reserved for this node to its TF server (``release_port=False`` clusters
+        call it themselves, as in TFoS; otherwise the node does before ``map_fun``).
+
+        The port stays held until the server binds it: the first TF server this process starts
+        (``tf.distribute.Server``, ``MultiWorkerMirroredStrategy``, ``connect_to_cluster``) or a
+        Python ``bind()`` of the port takes it as it binds. Until then no other process can bind
+        it, except a ``SO_REUSEADDR`` socket in the milliseconds of TF's own server set-up
+        (:mod:`tfonspark.tfprocess.server` says exactly what is left). ``now=True``
+        frees it at once, for a server started some other way (a child process, a library
+        outside Python and TensorFlow). ``ctx.tmp_socket`` is None afterwards either way.
+        """
+        sock, self.tmp_socket = self.tmp_socket, None
+        if sock is not None:
+            if now:
+                sock.close()
+                return
+            self._handover = hand_over_port(sock)
+        elif now and self._handover is not None:
+            self._handover.release()
 
     def get_data_feed(
         self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output", input_mapping: Any = None

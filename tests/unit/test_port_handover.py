@@ -1,0 +1,262 @@
+"""tfprocess/server.py's hand-over: the node's port stays held until its server binds it (issue 21, row 1).
+
+TF's servers are stood in for by functions that bind like TF 2.21's gRPC server does (strace:
+``[::]:port``, ``IPV6_V6ONLY`` off, ``SO_REUSEADDR``, no ``SO_REUSEPORT``, then ``listen``);
+tests/integration/test_port_handover.py runs the real TF.
+"""
+
+from __future__ import annotations
+
+import _socket
+import errno
+import logging
+import os
+import socket
+import sys
+import textwrap
+import time
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+from tfonspark.executor import host
+from tfonspark.tfprocess import server
+from tfonspark.tfprocess.context import NodeContext
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux bind() rules")
+
+SESSION = "tensorflow.python.client.pywrap_tf_session"
+EAGER = "tensorflow.python.pywrap_tfe"
+
+
+@pytest.fixture(autouse=True)
+def no_hooks_left():
+    yield
+    left = server.pending_handovers()
+    server.release_handovers()
+    assert not left, "a test left a reservation held"
+    assert "bind" not in socket.socket.__dict__, "socket.bind is still hooked"
+    assert not any(isinstance(f, server._AfterImport) for f in sys.meta_path)
+
+
+def _addresses() -> list[tuple[int, str]]:
+    found = [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET, "127.0.0.1")]
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        found += [(socket.AF_INET6, "::"), (socket.AF_INET6, "::1")]
+    except OSError:
+        pass
+    return found
+
+
+def _taken_by(port: int, reuseaddr: bool = False) -> list[str]:
+    """The addresses another socket could bind ``port`` on right now (bind + listen, then closed)."""
+    took = []
+    for family, address in _addresses():
+        with socket.socket(family) as sock:
+            if reuseaddr:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                _socket.socket.bind(sock, (address, port))  # from C, as another process would: no hook
+                sock.listen(1)
+            except OSError as exc:
+                assert exc.errno == errno.EADDRINUSE
+            else:
+                took.append(address)
+    return took
+
+
+def _grpc_bind(port: int) -> socket.socket:
+    """What TF 2.21's gRPC server does with its port (from C++: Python's socket.bind is not involved)."""
+    family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+    sock = socket.socket(family)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _socket.socket.bind(sock, ("::" if family == socket.AF_INET6 else "0.0.0.0", port))  # from C++
+    sock.listen(16)
+    return sock
+
+
+def _node(sock: socket.socket | None) -> NodeContext:
+    return NodeContext(
+        executor_id=0,
+        job_name="worker",
+        task_index=0,
+        cluster_spec={"worker": ["127.0.0.1:1"]},
+        default_fs="file://",
+        working_dir="/tmp",
+        tmp_socket=sock,
+    )
+
+
+@pytest.fixture
+def fake_tf(monkeypatch):
+    """TF's two server-start modules, each starting a gRPC-like server on the port it is given."""
+    seen: dict[str, list] = {"during": []}
+
+    def start(port):
+        seen["during"].append(_taken_by(port))  # what another process could take mid-start
+        return _grpc_bind(port)
+
+    session = ModuleType(SESSION)
+    session.TF_NewServer = start
+    eager = ModuleType(EAGER)
+    eager.TFE_EnableCollectiveOps = lambda handle, port: start(port)
+    eager.TFE_ContextSetServerDef = lambda handle, keep_alive, port: start(port)
+    monkeypatch.setitem(sys.modules, SESSION, session)
+    monkeypatch.setitem(sys.modules, EAGER, eager)
+    return SimpleNamespace(session=session, eager=eager, start=start, seen=seen)
+
+
+# ---- held until the server binds it --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["TF_NewServer", "TFE_EnableCollectiveOps", "TFE_ContextSetServerDef"])
+def test_the_port_stays_held_until_tf_starts_its_server(fake_tf, call):
+    """The TF process released the port before map_fun was even unpickled; another user
+    spinning on bind() took it, and TF's server then failed or lost the peers to it."""
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    ctx = _node(reserved)
+    ctx.release_port()  # what the TF process does before map_fun (release_port=True)
+    assert ctx.tmp_socket is None and reserved.fileno() == -1
+    time.sleep(0.05)  # map_fun is unpickled, imports TF, builds its model...
+    assert _taken_by(port) == [] and _taken_by(port, reuseaddr=True) == []  # nobody, whatever options
+    if call == "TF_NewServer":
+        started = fake_tf.session.TF_NewServer(port)
+    elif call == "TFE_EnableCollectiveOps":  # MultiWorkerMirroredStrategy()
+        started = fake_tf.eager.TFE_EnableCollectiveOps("ctx", port)
+    else:  # connect_to_cluster, ParameterServerStrategy's coordinator
+        started = fake_tf.eager.TFE_ContextSetServerDef("ctx", 600, port)
+    with started:
+        assert fake_tf.seen["during"] == [[]]  # no socket without SO_REUSEADDR got it mid-start: no gap
+        assert started.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        assert _taken_by(port, reuseaddr=True) == []  # the server has it now
+        assert server.pending_handovers() == []  # and the reservation is gone
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            started.accept()[0].close()  # the peer reached the server
+    assert fake_tf.session.TF_NewServer is fake_tf.start  # the hooks are gone with it
+
+
+def test_a_tf_imported_after_the_release_is_hooked_as_it_loads(tmp_path, monkeypatch):
+    (tmp_path / "fake_tf_server_lib.py").write_text(
+        textwrap.dedent(
+            """
+            import _socket
+            import socket
+
+            def new_server(port):
+                sock = socket.socket(socket.AF_INET6)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                _socket.socket.bind(sock, ("::", port))
+                sock.listen(1)
+                return sock
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(server.SERVER_STARTS, "fake_tf_server_lib", ("new_server",))
+    monkeypatch.delitem(sys.modules, "fake_tf_server_lib", raising=False)
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    _node(reserved).release_port()
+    import fake_tf_server_lib  # as `import tensorflow` in map_fun, after the release
+
+    assert getattr(fake_tf_server_lib.new_server, "_tfos_handover", False)
+    with fake_tf_server_lib.new_server(port):
+        assert server.pending_handovers() == []
+
+
+def test_a_tf_without_the_expected_server_start_gets_the_port_at_once(monkeypatch, caplog):
+    odd = ModuleType(SESSION)  # a TF whose server start we cannot see: do not block its server
+    monkeypatch.setitem(sys.modules, SESSION, odd)
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    with caplog.at_level(logging.WARNING, logger="tfonspark.tfprocess.server"):
+        _node(reserved).release_port()
+    assert "has no TF_NewServer" in caplog.text and "releasing it now" in caplog.text
+    assert server.pending_handovers() == []
+    _grpc_bind(port).close()
+
+
+# ---- Python binds, explicit release, forks -------------------------------------------------------
+
+
+@pytest.mark.parametrize("reuseaddr", [True, False])
+def test_a_python_bind_of_the_port_gets_it(reuseaddr):
+    """TFoS programs call ctx.release_port() and then bind the port themselves."""
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    _node(reserved).release_port()
+    with socket.socket() as other:  # another port: untouched, the reservation stays
+        other.bind(("127.0.0.1", 0))
+    assert len(server.pending_handovers()) == 1
+    with socket.socket() as mine:
+        if reuseaddr:
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        mine.bind(("127.0.0.1", port))
+        mine.listen(1)
+        assert server.pending_handovers() == []
+
+
+def test_release_port_now_frees_the_port_at_once():
+    for deferred_first in (False, True):
+        reserved = host.reserve_port()
+        port = reserved.getsockname()[1]
+        ctx = _node(reserved)
+        if deferred_first:
+            ctx.release_port()
+            assert _taken_by(port) == []
+        ctx.release_port(now=True)  # a server in a child process, or outside Python and TF
+        assert ctx.tmp_socket is None and server.pending_handovers() == []
+        with socket.socket() as anyone:
+            anyone.bind(("0.0.0.0", port))
+
+
+def test_a_forked_child_does_not_keep_the_port_from_the_server():
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    _node(reserved).release_port()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()  # e.g. a multiprocessing pool started in map_fun before the strategy
+    if pid == 0:
+        os.write(ready_w, b"x")
+        time.sleep(5)
+        os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        server.release_handovers()  # the parent's copy goes...
+        with socket.socket() as anyone:  # ...and the child's went at the fork
+            anyone.bind(("0.0.0.0", port))
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(ready_w)
+
+
+def test_the_held_port_is_not_inherited_by_child_processes():
+    reserved = host.reserve_port()
+    assert reserved.get_inheritable()  # so the supervisor can pass it to the TF process
+    _node(reserved).release_port()
+    (handover,) = server.pending_handovers()
+    assert not handover._sock.get_inheritable()
+    handover.release()
+
+
+def test_start_cluster_server_leaves_nothing_held_whatever_tf_does(monkeypatch):
+    fake = SimpleNamespace(
+        train=SimpleNamespace(ClusterSpec=lambda spec: spec),
+        distribute=SimpleNamespace(Server=lambda cluster, **kw: "a server that bound nothing"),
+    )
+    monkeypatch.setitem(sys.modules, "tensorflow", fake)
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    ctx = _node(reserved)
+    assert ctx.start_cluster_server() == ({"worker": ["127.0.0.1:1"]}, "a server that bound nothing")
+    assert server.pending_handovers() == []
+    with socket.socket() as anyone:
+        anyone.bind(("0.0.0.0", port))
