@@ -12,6 +12,9 @@ Programs written for TensorFlowOnSpark run after changing only their import line
 TFoS examples import (``export_lib.get_timestamped_export_dir``) is provided where
 ``tensorflow_estimator`` (gone since TF 2.16) is not installed. ``legacy_keras=False`` (or
 ``spark.tfonspark.legacyKeras=off``) keeps Keras 3.
+
+The driver takes the same Keras 2 when this module is imported before TensorFlow, and
+``Adam(lr=0.2)`` gets that learning rate in tf_keras as it did in Keras 2 (:mod:`tfonspark._tfos_keras`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from . import _tfos_keras
 from .config import InputMode
 from .driver import launch
 from .driver.cluster import Cluster
@@ -29,6 +33,12 @@ __all__ = ["Cluster", "InputMode", "TFCluster", "run"]
 
 
 @functools.wraps(launch.run)
-def run(*args: Any, **kwargs: Any) -> Cluster:
-    """TFoS ``TFCluster.run``: :func:`tfonspark.run` with the TFoS face's Keras 2 default."""
-    return launch.run(*args, _tfos_face=True, **kwargs)
+def run(sc: Any, map_fun: Any, *args: Any, **kwargs: Any) -> Cluster:
+    """TFoS ``TFCluster.run``: :func:`tfonspark.run` with the TFoS face's Keras 2 default (driver too)."""
+    _tfos_keras.face_used(sc, kwargs.get("legacy_keras"))
+    if callable(map_fun):  # else run() says what is wrong with it
+        map_fun = _tfos_keras.FaceMapFun(map_fun)
+    return launch.run(sc, map_fun, *args, _tfos_face=True, **kwargs)
+
+
+_tfos_keras.face_imported()

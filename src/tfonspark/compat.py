@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from typing import Any
 
+from . import _tfos_keras
+
 __all__ = ["disable_auto_shard", "export_saved_model", "is_gpu_available"]
 
 
@@ -64,3 +66,6 @@ def is_gpu_available() -> bool:
     import tensorflow as tf
 
     return len(tf.config.list_logical_devices("GPU")) > 0
+
+
+_tfos_keras.face_imported()  # a TFoS program: the driver takes the nodes' Keras 2

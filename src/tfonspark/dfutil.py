@@ -9,7 +9,10 @@ taking a ``tf.train.Example``) are not kept; see :func:`tfonspark.data.tfrecord.
 
 from __future__ import annotations
 
+from . import _tfos_keras
 from .data.tfrecord import isLoadedDF, loadTFRecords, saveAsTFRecords
 from .data.tfrecord import loaded_dfs as loadedDF
 
 __all__ = ["isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords"]
+
+_tfos_keras.face_imported()  # a TFoS program: the driver takes the nodes' Keras 2
