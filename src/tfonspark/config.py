@@ -59,8 +59,7 @@ class NodeConfig:
             raise ConfigError(
                 f"input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: {self.input_mode!r}"
             )
-        if self.reservation_timeout <= 0:
-            raise ConfigError(f"reservation_timeout must be > 0 seconds. Received: {self.reservation_timeout!r}")
+        settings.check_timeout("reservation_timeout", self.reservation_timeout)
         if self.legacy_keras not in ("", "auto", "on"):
             raise ConfigError(f"legacy_keras must be '', 'auto' or 'on'. Received: {self.legacy_keras!r}")
         if self.num_gpus is not None and (isinstance(self.num_gpus, bool) or self.num_gpus < 0):

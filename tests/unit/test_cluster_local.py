@@ -138,3 +138,16 @@ def test_terminated_feeds_count_as_done_while_the_nodes_still_run():
         assert not any(n.finished for n in cluster.server.nodes.values()), "the nodes still run"
     finally:
         cluster.shutdown(timeout=60)
+
+
+@pytest.mark.parametrize("value", [1e10, float("inf"), 0, -1])
+def test_a_reservation_or_feed_timeout_past_the_range_is_a_config_error(tmp_path, value):
+    """Both would overflow a socket or an epoll wait (1e10 s) or never end: refused up front."""
+    with pytest.raises(ConfigError, match=r"reservation_timeout must be a number of seconds > 0 and <= 604800"):
+        tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=value, launcher=LocalLauncher())
+    cluster = run(write_role, {"dir": str(tmp_path)}, input_mode=tfonspark.InputMode.SPARK)
+    try:
+        with pytest.raises(ConfigError, match=r"feed_timeout must be a number of seconds > 0 and <= 604800"):
+            cluster.train([(1.0, 2)], feed_timeout=value)
+    finally:
+        cluster.shutdown(timeout=60)

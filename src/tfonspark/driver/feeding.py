@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError, FeedError, FeedTimeout
 from ..executor.feeder import Feeder, FeedTarget, rdd_feed
+from ..settings import check_timeout
 from ..wire import messages as m
 from ..wire.errors import captured, raise_or
 from ..wire.framing import connect
@@ -77,9 +78,8 @@ class Feeds:
 
     # ---- feeding ---------------------------------------------------------------------------------
     def _feeder(self, qname: str, feed_timeout: float, feed_id: str = "") -> Feeder:
-        if not feed_timeout or feed_timeout <= 0:
-            raise ConfigError(f"feed_timeout must be > 0 seconds. Received: {feed_timeout!r}")
-        return Feeder(self.nodes.targets(), self.secret_hex, qname, feed_timeout, feed_id)
+        seconds = check_timeout("feed_timeout", feed_timeout)
+        return Feeder(self.nodes.targets(), self.secret_hex, qname, seconds, feed_id)
 
     def _run(self, description: str, action: Any) -> Any:
         group = f"tfonspark-feed-{uuid.uuid4().hex[:12]}"

@@ -92,7 +92,7 @@ class Supervisor:
 
     def run(self) -> int:
         host = local_ip_towards(self.config.driver_host)
-        port_sock = reserve_port(ipv6=":" in host)
+        port_sock = reserve_port()
         try:
             conn = connect((self.config.driver_host, self.config.driver_port), self.config.secret)
         except BaseException:
