@@ -15,14 +15,20 @@ from tests.integration.conftest import by_value
 PROGRAMS = Path(__file__).parent / "tfos_programs"
 
 
-def _load(name: str, tmp_path: Path):
-    """Load a TFoS program with its import lines switched to tfonspark (and nothing else)."""
+def _port(name: str, tmp_path: Path) -> Path:
+    """Write a TFoS program to ``tmp_path`` with its import lines switched to tfonspark (and nothing else)."""
     source = (PROGRAMS / f"{name}.py").read_text()
     ported = source.replace("from tensorflowonspark", "from tfonspark")
     changed = [b for a, b in zip(source.splitlines(), ported.splitlines()) if a != b]
     assert changed and all(line.strip().startswith("from tfonspark") for line in changed)
     path = tmp_path / f"{name}.py"
     path.write_text(ported)
+    return path
+
+
+def _load(name: str, tmp_path: Path):
+    """Load a TFoS program with its import lines switched to tfonspark (and nothing else)."""
+    path = _port(name, tmp_path)
     spec = importlib.util.spec_from_file_location(f"tfos_program_{name}", path)
     module = importlib.util.module_from_spec(spec)
     import sys
@@ -122,3 +128,64 @@ def test_keras2_pipeline_program_trains_and_infers(spark, tfos_mnist, mnist_dir,
     accuracy = float(np.mean([int(np.argmax(r.prediction)) == r.label for r in rows]))
     # one epoch of ~40 steps per worker, rows interleaved as the feed tasks run: 0.74-0.82 seen
     assert accuracy > 0.7, f"{fmt}: test accuracy {accuracy:.3f} after {args.epochs} epoch on {TRAIN_ROWS} rows"
+
+
+# ---- TFoS's own test_pipeline.py::test_spark_saved_model, its driver a fresh process -------------
+_FRESH_DRIVER = """\
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(levelname)s %(name)s: %(message)s")
+import {name} as program  # the program's own imports come first, as when it is run
+from argparse import Namespace
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+from tfonspark.testing import SparkManager
+
+cloudpickle.register_pickle_by_value(program)  # a TFoS test's nested function, pickled by value
+manager = SparkManager.instance()
+manager.get("local-cluster[2,1,1024]")
+try:
+    result = program.main(SparkSession.builder.getOrCreate(), Namespace(**json.loads(sys.argv[1])))
+finally:
+    manager.stop()
+print("RESULT", json.dumps(result))
+"""
+
+
+def _run_fresh_driver(name: str, tmp_path: Path, args: dict, timeout: float) -> tuple[object, str]:
+    """Run a ported TFoS program as its own driver: a new interpreter, where the program's imports
+    run before anything has imported TensorFlow (in this test process something may have)."""
+    import os
+    import subprocess
+    import sys
+
+    _port(name, tmp_path)
+    runner = tmp_path / f"run_{name}.py"
+    runner.write_text(_FRESH_DRIVER.format(name=name))
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "TFONSPARK_LEGACY_KERAS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run(
+        [sys.executable, str(runner), json.dumps(args)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    [result] = [json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return result, log
+
+
+@pytest.mark.timeout(600)
+def test_tfos_pipeline_test_spark_saved_model_passes_unchanged(tmp_path):
+    """Keras classes imported on the driver at module level, Adam(lr=0.2), TFEstimator -> TFModel."""
+    args = {"cluster_size": 2, "model_dir": str(tmp_path / "model"), "export_dir": str(tmp_path / "export")}
+    prediction, log = _run_fresh_driver("keras_pipeline_saved_model", tmp_path, args, timeout=560)
+    switched = [line for line in log.splitlines() if "this driver uses Keras 2" in line]
+    assert len(switched) == 1 and switched[0].startswith("LOG INFO"), log[-6000:]
+    for node in ("chief0", "worker0"):
+        module, learning_rate = (tmp_path / "model" / f"{node}.txt").read_text().split()
+        assert module.startswith("tf_keras"), f"{node} ran {module}"
+        assert float(learning_rate) == pytest.approx(0.2), f"{node}: Adam(lr=0.2) trained at {learning_rate}"
+    assert prediction == pytest.approx(3.14 + 1.618, abs=0.005)  # the program's WEIGHTS; TFoS: assertAlmostEqual(.., 2)
