@@ -230,10 +230,12 @@ def _patch(module: ModuleType) -> None:
     originals: list[Any] = [getattr(base, name, None) for name in ("_process_kwargs", "_build_learning_rate", "build")]
     if base is None or not all(callable(f) for f in originals):
         _say(
-            logging.WARNING, f"TFoS face: this tf_keras ({module.__name__}) is not one tfonspark knows; lr= is ignored"
+            logging.WARNING,
+            f"TFoS face: tfonspark cannot pass lr= on as the learning rate in this tf_keras ({module.__name__} "
+            "lacks _BaseOptimizer._process_kwargs/_build_learning_rate/build): lr= is ignored; use learning_rate=",
         )
         return
-    if getattr(base, "_tfonspark_lr", False):
+    if getattr(base, "_tfonspark_patched", False):
         return
     process_kwargs, build_learning_rate, build = originals
 
@@ -258,7 +260,7 @@ def _patch(module: ModuleType) -> None:
     base._process_kwargs = _process_kwargs
     base._build_learning_rate = _build_learning_rate
     base.build = guarded_build
-    base._tfonspark_lr = True
+    base._tfonspark_patched = True
 
 
 def _user_stacklevel() -> int:
@@ -285,7 +287,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                 continue
             spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
-                if isinstance(spec.loader, importlib.abc.Loader) and hasattr(spec.loader, "exec_module"):
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                     spec.loader = _PatchAfterExec(spec.loader)
                 return spec
         return None

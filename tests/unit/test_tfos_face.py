@@ -483,3 +483,10 @@ def test_the_lr_shim_patches_tf_keras_when_it_is_imported_then_unhooks(tmp_path,
     assert module._BaseOptimizer(learning_rate=0.1).learning_rate == 0.1
     _tfos_keras.install_lr_shim()  # already imported: patched in place, once
     assert module._BaseOptimizer(lr=None).learning_rate == 0.001  # lr=None: ignored, as tf_keras does
+
+
+def test_a_tf_keras_without_the_expected_optimizer_base_is_said_not_patched(monkeypatch, caplog):
+    monkeypatch.setattr(_tfos_keras._State, "said", set())
+    _tfos_keras._patch(types.ModuleType("tf_keras.src.optimizers.optimizer"))
+    [(level, line)] = _lines(caplog)
+    assert level == "WARNING" and "lr= is ignored; use learning_rate=" in line
