@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The pytest process drives core (Keras 3) and TFoS-face programs alike: a face module imported
+# while collecting tests must not switch the whole session, and the nodes it starts, to Keras 2
+# (tfonspark._tfos_keras respects a value the environment already sets).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
 DATA_ROOT = Path(os.environ.get("TFONSPARK_TEST_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import _tfos_keras
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed
 from .tfprocess.server import start_cluster_server
@@ -64,3 +65,6 @@ def export_saved_model(
     from .distribute.checkpoint import export_saved_model as export
 
     return export(model, export_dir, signatures=signatures, is_chief=is_chief)
+
+
+_tfos_keras.face_imported()  # a TFoS program: the driver takes the nodes' Keras 2

@@ -7,7 +7,10 @@ and shut down. TFoS programs keep working through ``from tfonspark import TFClus
 
 from __future__ import annotations
 
-from . import TFCluster, TFManager, TFNode, TFParallel, compat, errors
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
@@ -17,7 +20,22 @@ from .driver.stopping import request_stop
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
 
+if TYPE_CHECKING:
+    from . import TFCluster, TFManager, TFNode, TFParallel, compat
+
 __version__ = "0.1.0"
+
+#: The TFoS faces load on first use: importing one is what tells the driver it runs a TFoS
+#: program (its Keras becomes the nodes' Keras 2, see ``_tfos_keras``); ``import tfonspark``
+#: alone is the Keras 3 API and changes nothing.
+_FACES = ("TFCluster", "TFManager", "TFNode", "TFParallel", "compat")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FACES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Cluster",
