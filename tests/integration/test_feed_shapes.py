@@ -450,3 +450,41 @@ def test_a_silent_supervisor_is_reported_lost_within_heartbeat_timeout(sc, no_le
         for proc in stopped:
             proc.send_signal(signal.SIGCONT)
         cluster._teardown(grace_secs=0)
+
+
+def _echo_rows(args, ctx):
+    """TFoS inference that answers each row with the row itself, as next_batch gave it."""
+    from tfonspark import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if len(batch) > 0:
+            assert all(type(r) is type(batch[0]) for r in batch)
+            feed.batch_results(batch)
+
+
+def test_tfos_rows_and_results_come_back_as_they_were_fed(sc, no_leftovers):
+    """TFoS handed next_batch the objects fed and returned what batch_results got: lists stay
+    lists, tuples tuples, through the row path (an uncached map) and the stored-RDD path."""
+    rows = [([float(i) + 0.5] * 16, i) for i in range(300)]
+    list_rows = [[[float(i)] * 3, (i, i + 1)] for i in range(200)]
+    cluster = tfonspark.run(sc, _echo_rows, {"batch": 37}, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    try:
+        cases = {
+            "uncached map": (sc.parallelize(range(300), 3).map(lambda i: ([float(i) + 0.5] * 16, i)), rows),
+            "cached": (sc.parallelize(rows, 3).cache(), rows),
+            "list rows, uncached map": (
+                sc.parallelize(range(200), 2).map(lambda i: [[float(i)] * 3, (i, i + 1)]),
+                list_rows,
+            ),
+            "list rows, parallelized": (sc.parallelize(list_rows, 2), list_rows),
+        }
+        for name, (rdd, expected) in cases.items():
+            got = within(
+                120, f"inference of {name}", lambda rdd=rdd: cluster.inference(rdd, feed_timeout=60).collect(), sc
+            )
+            assert got == expected, name
+            assert {(type(r), *map(type, r)) for r in got} == {(type(expected[0]), *map(type, expected[0]))}, name
+    finally:
+        cluster.shutdown(timeout=120)

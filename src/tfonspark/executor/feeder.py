@@ -272,12 +272,12 @@ class Feeder:
 
     def infer_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[Any]:
         for result in self._infer(partition, self._row_batches(partition, rows)):
-            yield from result.rows()
+            yield from result.rows(as_fed=True)  # what map_fun passed to batch_results, as in TFoS
 
     def infer_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[Any]:
         """``infer_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
         for result in self._infer(partition, decoded_batches(partition, blobs)):
-            yield from result.rows()
+            yield from result.rows(as_fed=True)
 
     def infer_arrow(self, schema_json: str) -> Any:
         """The ``mapInArrow`` function for DataFrame inference with the given result schema."""
@@ -360,6 +360,7 @@ def _same_layout(a: ColumnBatch, b: ColumnBatch) -> bool:
     """The batches' columns can be joined: same layout, dtypes and per-row shapes."""
     return (
         a.layout == b.layout
+        and a.kinds == b.kinds
         and len(a.columns) == len(b.columns)
         and all(x.dtype == y.dtype and x.shape[1:] == y.shape[1:] for x, y in zip(a.columns, b.columns))
     )
@@ -381,7 +382,7 @@ def _joined(batches: list[ColumnBatch], scratch: Scratch) -> ColumnBatch:
         out = scratch.buffer(j, count * first[0:1].nbytes).view(first.dtype).reshape((count, *first.shape[1:]))
         np.concatenate(parts, out=out)
         columns.append(out)
-    return ColumnBatch(columns, batches[0].layout, batches[0].names)
+    return ColumnBatch(columns, batches[0].layout, batches[0].names, batches[0].kinds)
 
 
 _heap_frozen = False

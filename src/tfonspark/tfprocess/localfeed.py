@@ -41,7 +41,7 @@ class _LocalStream:
         self.closed = threading.Event()
 
     def answer(self, batch: ColumnBatch) -> None:
-        for row in batch.rows():
+        for row in batch.rows(as_fed=True):
             self.results.put(row)
 
     def maybe_finish(self) -> None:
