@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import Any
 
@@ -39,6 +39,7 @@ from . import settings
 from .errors import ConfigError
 from .executor.supervisor import ATTEMPT_ENV
 from .executor.tfos_env import LEGACY_KERAS_ENV
+from .importhook import AfterImport
 
 __all__ = ["FaceMapFun", "face_imported", "face_used", "install_lr_shim"]
 
@@ -221,8 +222,18 @@ def install_lr_shim() -> None:
         module = sys.modules.get(_OPTIMIZERS)
         if module is not None and hasattr(module, "_BaseOptimizer"):
             _patch(module)
-        elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _PatchOnImport())
+        else:
+            _LR_HOOK.install()
+
+
+def _patch_once(module: ModuleType) -> None:
+    """The import hook's patch: once tf_keras' optimizer module ran, patch it and unhook."""
+    with _State.lock:
+        _patch(module)
+        _LR_HOOK.remove()
+
+
+_LR_HOOK = AfterImport({_OPTIMIZERS}, _patch_once)
 
 
 def _patch(module: ModuleType) -> None:
@@ -271,40 +282,3 @@ def _user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds tf_keras' optimizer module with the other finders and patches it once it has run."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _OPTIMIZERS:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchAfterExec(spec.loader)
-                return spec
-        return None
-
-
-class _PatchAfterExec(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__loader__ = self.loader  # the module keeps its real loader (get_source, resources)
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        with _State.lock:
-            _patch(module)
-            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]

@@ -20,6 +20,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from tfonspark.executor import host
+from tfonspark.importhook import AfterImport
 from tfonspark.tfprocess import server
 from tfonspark.tfprocess.context import NodeContext
 
@@ -36,7 +37,7 @@ def no_hooks_left():
     server.release_handovers()
     assert not left, "a test left a reservation held"
     assert "bind" not in socket.socket.__dict__, "socket.bind is still hooked"
-    assert not any(isinstance(f, server._AfterImport) for f in sys.meta_path)
+    assert not any(isinstance(f, AfterImport) for f in sys.meta_path)
 
 
 def _addresses() -> list[tuple[int, str]]:

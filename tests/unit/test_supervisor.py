@@ -43,17 +43,6 @@ def _config(**overrides) -> NodeConfig:
     return NodeConfig(**fields)
 
 
-@pytest.fixture
-def pair():
-    """(supervisor end, driver end) of one signed connection."""
-    a, b = socket.socketpair()
-    key = os.urandom(32)
-    sup, drv = f.Connection(a, key, True), f.Connection(b, key, False)
-    yield sup, drv
-    sup.close()
-    drv.close()
-
-
 def _feed_dirs() -> set[str]:
     """Feed socket dirs and the TF processes' private temp dirs (which hold them under a supervisor)."""
     tmp = tempfile.gettempdir()

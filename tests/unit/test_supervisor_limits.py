@@ -15,39 +15,13 @@ import types
 
 import pytest
 
-from tfonspark.config import NodeConfig
 from tfonspark.executor import supervisor as supervisor_module
 from tfonspark.executor.supervisor import MAX_EVENT_BYTES, MAX_STATUS_LINE, Supervisor
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess.report import MAX_REPORT_BYTES, report_payload
-from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
-SECRET_HEX = "5b" * 32
-
-
-def _config(**overrides) -> NodeConfig:
-    fields = {
-        "cluster_id": "supervisor-limits-test",
-        "driver_host": "127.0.0.1",
-        "driver_port": 1,
-        "secret_hex": SECRET_HEX,
-        "reservation_timeout": 30.0,
-    }
-    fields.update(overrides)
-    return NodeConfig(**fields)
-
-
-@pytest.fixture
-def pair():
-    """(supervisor end, driver end) of one signed connection."""
-    a, b = socket.socketpair()
-    key = os.urandom(32)
-    sup, drv = f.Connection(a, key, True), f.Connection(b, key, False)
-    yield sup, drv
-    sup.close()
-    drv.close()
-
+from .test_supervisor import SECRET_HEX, _config
 
 # ---- row 6: a TF process that cannot be spawned leaves no scratch directory -----------------------
 

@@ -18,6 +18,7 @@ from tfonspark.config import NodeConfig
 from tfonspark.driver.launch import _node_keras
 from tfonspark.errors import ConfigError
 from tfonspark.executor import tfos_env
+from tfonspark.importhook import AfterImport
 from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess.hints import hint_for
 
@@ -469,14 +470,15 @@ def test_the_lr_shim_patches_tf_keras_when_it_is_imported_then_unhooks(tmp_path,
     (tmp_path / "fake_tf_keras_optimizer.py").write_text(_FAKE_OPTIMIZERS)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_tfos_keras, "_OPTIMIZERS", "fake_tf_keras_optimizer")
+    monkeypatch.setattr(_tfos_keras, "_LR_HOOK", AfterImport({"fake_tf_keras_optimizer"}, _tfos_keras._patch_once))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "fake_tf_keras_optimizer", raising=False)
     _tfos_keras.install_lr_shim()
     _tfos_keras.install_lr_shim()  # one hook
-    assert sum(isinstance(f, _tfos_keras._PatchOnImport) for f in sys.meta_path) == 1
+    assert sys.meta_path.count(_tfos_keras._LR_HOOK) == 1
     import fake_tf_keras_optimizer as module  # type: ignore[import-not-found]
 
-    assert not any(isinstance(f, _tfos_keras._PatchOnImport) for f in sys.meta_path)
+    assert _tfos_keras._LR_HOOK not in sys.meta_path
     assert type(module.__loader__).__name__ == "SourceFileLoader"  # its own loader, not the hook's
     with pytest.warns(UserWarning, match=r"lr=0\.5"):
         assert module._BaseOptimizer(lr=0.5).learning_rate == 0.5

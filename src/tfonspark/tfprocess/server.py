@@ -36,18 +36,17 @@ needs ``ctx.release_port(now=True)``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import importlib.abc
 import logging
 import os
 import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Protocol
+
+from ..importhook import AfterImport
 
 __all__ = [
     "SERVER_STARTS",
@@ -176,7 +175,7 @@ class _State:
         self.lock = threading.RLock()
         self.pending: list[PortHandover] = []
         self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, the original)
-        self.finder: _AfterImport | None = None
+        self.finder: AfterImport | None = None
         self.bind: Callable[[socket.socket, Any], None] = socket.socket.bind  # the bind that was there
         self.at_fork = False
 
@@ -187,8 +186,8 @@ _state = _State()
 def _install() -> None:
     """Hook Python's ``socket.bind`` and TF's modules as they load (with ``_state.lock`` held)."""
     if _state.finder is None:
-        _state.finder = _AfterImport()
-        sys.meta_path.insert(0, _state.finder)
+        _state.finder = AfterImport(SERVER_STARTS, _patch_module)
+        _state.finder.install()
         _state.bind = socket.socket.bind
         _patch(socket.socket, "bind", _python_bind)
     if not _state.at_fork:
@@ -215,8 +214,7 @@ def _uninstall() -> None:
                 setattr(owner, name, original)
     _state.patched.clear()
     if _state.finder is not None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(_state.finder)
+        _state.finder.remove()
         _state.finder = None
 
 
@@ -321,41 +319,3 @@ def _patch_loaded_modules() -> None:
         module = sys.modules.get(name)
         if module is not None:
             _patch_module(module)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Hooks TF's server starts as soon as their module is loaded (TF may be imported later)."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname not in SERVER_STARTS:
-            return None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec: ModuleSpec | None = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """A module's own loader, then :func:`_patch_module` on the module it made."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self._loader.create_module(spec)
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _patch_module(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
