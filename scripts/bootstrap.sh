@@ -21,5 +21,5 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[demo,test,tfos]"
+"$VENV/bin/python" -m pip install -q -e ".[tf,spark,demo,test,tfos]"
 touch "$VENV/.installed"
