@@ -6,10 +6,13 @@ import argparse
 import importlib
 
 import pytest
+from pyspark import cloudpickle
+from pyspark.ml.param import Param, TypeConverters
 
 from tfonspark.config import InputMode
 from tfonspark.errors import ConfigError
 from tfonspark.ml import Namespace, TFEstimator, TFModel, TFParams
+from tfonspark.ml import params as params_module
 from tfonspark.ml.params import HasBatchSize, HasSteps
 
 TFOS_ESTIMATOR_DEFAULTS = {
@@ -246,3 +249,96 @@ def test_exported_members(name):
     assert public <= set(module.__all__), public - set(module.__all__)
     for item in module.__all__:
         assert hasattr(module, item)
+
+
+# ---- the Params are declared by one factory line each: same surface as the hand-written mixins --
+
+#: ``explainParams()`` as the hand-written mixins gave it (captured before the factory).
+ESTIMATOR_EXPLAIN = (
+    "batch_size: Number of records per batch (default: 100)\n"
+    "cluster_size: Number of nodes in the cluster (default: 1)\n"
+    "driver_ps_nodes: Run PS nodes on driver locally (default: False)\n"
+    "epochs: Number of epochs to train (default: 1)\n"
+    "export_dir: Directory to export saved_model (default: None)\n"
+    "feed_timeout: Seconds a node may accept no data before the feed fails (default: 600.0)\n"
+    "grace_secs: Number of seconds to wait after feeding data (for final tasks like exporting a saved_model) (default: 30.0)\n"
+    "input_mapping: Mapping of input DataFrame column to input tensor (default: {})\n"
+    "input_mode: Input data feeding mode (0=TENSORFLOW, 1=SPARK) (default: 1)\n"
+    "master_node: Job name of master/chief worker node (default: chief)\n"
+    "max_restarts: Times the cluster is restarted after a node failure (train_fn resumes from its checkpoints) (default: 0)\n"
+    "model_dir: Path to save/load model checkpoints (default: None)\n"
+    "num_ps: Number of PS nodes in cluster (default: 0)\n"
+    "output_mapping: Mapping of output tensor to output DataFrame column (default: {})\n"
+    "protocol: Network protocol for Tensorflow (grpc|rdma) (default: grpc)\n"
+    "readers: number of reader/enqueue threads (default: 1)\n"
+    "signature_def_key: Identifier for a specific saved_model signature (default: serving_default)\n"
+    "steps: Maximum number of steps to train (default: 1000)\n"
+    "tag_set: Comma-delimited list of tags identifying a saved_model metagraph (default: None)\n"
+    "tensorboard: Launch tensorboard process (default: False)\n"
+    "tfrecord_dir: Path to temporarily export a DataFrame as TFRecords (for InputMode.TENSORFLOW apps) (default: None)"
+)
+
+MODEL_EXPLAIN = (
+    "batch_size: Number of records per batch (default: 100)\n"
+    "export_dir: Directory to export saved_model (default: None)\n"
+    "input_mapping: Mapping of input DataFrame column to input tensor (default: {})\n"
+    "model_dir: Path to save/load model checkpoints (default: None)\n"
+    "output_mapping: Mapping of output tensor to output DataFrame column (default: {})\n"
+    "signature_def_key: Identifier for a specific saved_model signature (default: serving_default)\n"
+    "tag_set: Comma-delimited list of tags identifying a saved_model metagraph (default: None)"
+)
+
+
+def _mixins() -> list[type]:
+    return [getattr(params_module, n) for n in params_module.__all__ if n.startswith("Has")]
+
+
+def test_explain_params_is_unchanged():
+    assert TFEstimator(_train, {}).explainParams() == ESTIMATOR_EXPLAIN
+    assert TFModel({}).explainParams() == MODEL_EXPLAIN
+
+
+@pytest.mark.parametrize("mixin", _mixins(), ids=lambda m: m.__name__)
+def test_each_mixin_has_set_and_get_named_after_it_for_each_param(mixin):
+    declared = {name: value for name, value in vars(mixin).items() if isinstance(value, Param)}
+    accessors = {name for name in vars(mixin) if name.startswith(("set", "get"))}
+    assert declared and len(accessors) == 2 * len(declared)
+    stem = mixin.__name__.removeprefix("Has")
+    assert {f"set{stem}", f"get{stem}"} <= accessors  # HasNumPS also has set/getDriverPSNodes
+    for attr, param in declared.items():
+        assert attr == param.name and param.doc and param.parent == "undefined"
+    for name in accessors:
+        assert getattr(mixin, name).__qualname__ == f"{mixin.__name__}.{name}"
+
+
+@pytest.mark.parametrize("mixin", _mixins(), ids=lambda m: m.__name__)
+def test_each_setter_and_getter_pair_serves_one_param_of_its_mixin(mixin):
+    declared = {value.name for value in vars(mixin).values() if isinstance(value, Param)}
+    touched = set()
+    for setter in (name for name in vars(mixin) if name.startswith("set")):
+        stage = getattr(TFEstimator(_train, {}), setter)(None)  # None: "not given", set unchecked
+        (param,) = [p.name for p in stage.params if stage.isSet(p)]
+        assert getattr(stage, "get" + setter.removeprefix("set"))() is None
+        touched.add(param)
+    assert touched == declared
+
+
+def test_bound_accessors_pickle_by_name():
+    model = TFModel().setBatchSize(3)  # a bound method pickles as getattr(model, its __name__)
+    assert cloudpickle.loads(cloudpickle.dumps(model.getBatchSize))() == 3
+
+
+def test_copy_and_extract_param_map_keep_values_and_owner():
+    estimator = TFEstimator(_train, {}).setEpochs(2)
+    copied = estimator.copy({estimator.batch_size: 7})
+    values = {p.name: v for p, v in copied.extractParamMap().items()}
+    assert values["batch_size"] == 7 and values["epochs"] == 2 and values["feed_timeout"] == 600.0
+    assert all(p.parent == copied.uid for p in copied.params)
+    assert estimator.getBatchSize() == 100 and copied.getEpochs() == 2
+
+
+def test_flags_keep_sparks_boolean_converter():
+    estimator = TFEstimator(_train)
+    assert estimator.tensorboard.typeConverter is TypeConverters.toBoolean
+    with pytest.raises(TypeError, match="driver_ps_nodes"):
+        estimator.setDriverPSNodes("yes")

@@ -1,10 +1,22 @@
 """Spark ML Params of :class:`TFEstimator` and :class:`TFModel`, named and defaulted as in TFoS.
 
-Each ``Has<Name>`` mixin declares one (or, for ``num_ps``, two) Params with TFoS's camel-case
-setter and getter (``setInputMapping`` / ``getInputMapping``). Values are checked when they are
-set: a bad value raises :class:`~tfonspark.errors.ConfigError` naming the Param, the value
-received and what is valid. ``None`` is accepted everywhere (Spark ML skips the check for it) and
-means "not given".
+Each ``Has<Name>`` mixin holds one (``HasNumPS``: two) Params with TFoS's camel-case setter and
+getter (``setInputMapping`` / ``getInputMapping``). Values are checked when they are set: a bad
+value raises :class:`~tfonspark.errors.ConfigError` naming the Param, the value received and what
+is valid. ``None`` is accepted everywhere (Spark ML skips the check for it) and means "not given".
+Defaults are set by the stage that mixes the Params in (``ESTIMATOR_DEFAULTS``, ``MODEL_DEFAULTS``).
+
+Each Param is declared once, by one line in its mixin::
+
+    batch_size, setBatchSize, getBatchSize = _has("batch_size", "Number of records per batch", _integer(1))
+
+:func:`_has` builds the Param (name, doc, converter) and its setter and getter, typed from the
+check (``_integer(1)`` takes and returns ``int``). The mixins stay ``class`` statements, rather
+than classes a factory makes from a table (as Spark's ``_shared_params_code_gen.py`` generates
+its shared Params), so that mypy sees every Param, setter and getter with its type without a
+second, hand-kept stub block; pyspark finds the Params as class attributes (via ``dir()``) as
+before. The names on the left must follow the ``set<Name>``/``get<Name>`` convention; the unit
+tests check them against the class name.
 
 :class:`TFParams` merges the user's ``tf_args`` with every Param into one :class:`Namespace`:
 that is the ``args`` a TFoS ``train_fn(args, ctx)`` receives.
@@ -16,6 +28,7 @@ import argparse
 import copy
 import numbers
 from collections.abc import Callable, Iterator, Mapping
+from types import FunctionType
 from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -49,82 +62,82 @@ __all__ = [
     "TFTypeConverters",
 ]
 
+S = TypeVar("S")
 T = TypeVar("T")
 #: Checks a value when it is set and returns it in the type the Param holds.
 Converter = Callable[[Any], T]
+#: ``check(param_name, value)``: the value in the Param's type, or ConfigError naming the Param.
+#: ``S`` is what the setter takes, ``T`` what the getter returns.
+_Check = Callable[[str, S], T]
+_Setter = Callable[[Params, S], Any]
+_Getter = Callable[[Params], T]
 
 
-# ---- converters: check a value when it is set -----------------------------------------------
+# ---- checks: a value, when it is set ---------------------------------------------------------
 
 
-def _mapping(name: str) -> Converter[dict[str, str]]:
+def _mapping(name: str, value: Mapping[str, str]) -> dict[str, str]:
     """A dict of str -> str (column -> tensor, or tensor -> column); copied so later edits don't leak."""
-
-    def convert(value: Any) -> dict[str, str]:
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"{name} must be a dict of str -> str. Received: {name}={value!r} ({type(value).__name__})"
-            )
-        bad = {k: v for k, v in value.items() if not isinstance(k, str) or not isinstance(v, str)}
-        if bad:
-            raise ConfigError(
-                f"{name} must map strings to strings. Received: {name}={dict(value)!r} with non-string entries {bad!r}"
-            )
-        return dict(value)
-
-    return convert
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a dict of str -> str. Received: {name}={value!r} ({type(value).__name__})")
+    bad = {k: v for k, v in value.items() if not isinstance(k, str) or not isinstance(v, str)}
+    if bad:
+        raise ConfigError(
+            f"{name} must map strings to strings. Received: {name}={dict(value)!r} with non-string entries {bad!r}"
+        )
+    return dict(value)
 
 
-def _integer(name: str, minimum: int) -> Converter[int]:
+def _integer(minimum: int) -> _Check[int, int]:
     """An int >= ``minimum`` (bool refused although it is an int)."""
 
-    def convert(value: Any) -> int:
+    def check(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
             raise ConfigError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
         return int(value)
 
-    return convert
+    return check
 
 
-def _seconds(name: str, *, positive: bool) -> Converter[float]:
+def _seconds(*, positive: bool) -> _Check[float, float]:
     """A number of seconds (> 0 or >= 0), stored as float."""
 
-    def convert(value: Any) -> float:
+    def check(name: str, value: Any) -> float:
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not ok or (value <= 0 if positive else value < 0):
             bound = "> 0" if positive else ">= 0"
             raise ConfigError(f"{name} must be a number of seconds {bound}. Received: {name}={value!r}")
         return float(value)
 
-    return convert
+    return check
 
 
-def _input_mode(value: Any) -> int:
+def _input_mode(name: str, value: int) -> int:
     """InputMode.TENSORFLOW (0) or InputMode.SPARK (1), stored as a plain int (JSON-friendly)."""
     try:
         return int(InputMode(value))
     except (ValueError, TypeError):
         raise ConfigError(
-            f"input_mode must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: input_mode={value!r}"
+            f"{name} must be InputMode.TENSORFLOW (0) or InputMode.SPARK (1). Received: {name}={value!r}"
         ) from None
 
 
-def _master_node(value: Any) -> str:
-    """``'chief'`` or ``'master'`` (None, for no chief, is accepted before conversion)."""
+def _master_node(name: str, value: str | None) -> str | None:
+    """``'chief'`` or ``'master'`` (None, for no chief, is accepted before the check)."""
     if value not in ("chief", "master"):
-        raise ConfigError(f"master_node must be 'chief', 'master' or None. Received: master_node={value!r}")
+        raise ConfigError(f"{name} must be 'chief', 'master' or None. Received: {name}={value!r}")
     return str(value)
 
 
-def _string(name: str) -> Converter[str]:
+def _string(name: str, value: str) -> str:
     """A non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a non-empty string. Received: {name}={value!r}")
+    return value
 
-    def convert(value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{name} must be a non-empty string. Received: {name}={value!r}")
-        return value
 
-    return convert
+#: :func:`_string` for a Param whose default is None ("not given"): its getter says ``str | None``.
+_string_or_none: _Check[str, str | None] = _string
 
 
 class TFTypeConverters:
@@ -132,20 +145,51 @@ class TFTypeConverters:
 
     @staticmethod
     def toDict(value: Any) -> dict[str, str]:  # noqa: N802 (TFoS name)
-        return _mapping("value")(value)
+        return _mapping("value", value)
 
 
-def _param(name: str, doc: str, converter: Converter[T]) -> Param[T]:
-    """A Param holding ``converter``'s type, whose converter lets None through.
+# ---- the factory: one Param with its setter and getter ---------------------------------------
 
-    Spark's ``Params.set`` converts None too; None means "not given". The getters of Params
-    whose default is None say so (``str | None``); the others return the converter's type.
+
+def _has(name: str, doc: str, check: _Check[S, T]) -> tuple[Param[T], _Setter[S], _Getter[T]]:
+    """The Param ``name`` checked by ``check`` (None let through: "not given"), its setter and getter.
+
+    Spark's ``Params.set`` converts None too, hence the converter lets it through itself.
     """
 
     def convert(value: Any) -> Any:
-        return None if value is None else converter(value)
+        return None if value is None else check(name, value)
 
-    return Param(Params._dummy(), name, doc, typeConverter=convert)
+    return _accessors(Param(Params._dummy(), name, doc, typeConverter=convert))
+
+
+def _has_flag(name: str, doc: str) -> tuple[Param[bool], _Setter[bool], _Getter[bool]]:
+    """A boolean Param with Spark's own converter, as in TFoS (a non-bool raises TypeError)."""
+    return _accessors(Param(Params._dummy(), name, doc, typeConverter=TypeConverters.toBoolean))
+
+
+def _accessors(param: Param[T]) -> tuple[Param[T], _Setter[Any], _Getter[T]]:
+    """``param`` with a chaining setter and a getter; they are named by :func:`_name_accessors`."""
+    name = param.name
+
+    def setter(self: Params, value: Any) -> Any:
+        return self._set(**{name: value})
+
+    def getter(self: Params) -> T:
+        value: T = self.getOrDefault(name)
+        return value
+
+    setter.__doc__ = f"Sets ``{name}``: {param.doc}."
+    getter.__doc__ = f"``{name}``: {param.doc} (its default when not set)."
+    return param, setter, getter
+
+
+def _name_accessors(*mixins: type[Params]) -> None:
+    """Give each mixin's setters and getters their attribute names (tracebacks, help, pickle)."""
+    for mixin in mixins:
+        for attr, value in vars(mixin).items():
+            if isinstance(value, FunctionType) and value.__name__ in ("setter", "getter"):
+                value.__name__, value.__qualname__ = attr, f"{mixin.__qualname__}.{attr}"
 
 
 # ---- one mixin per Param, TFoS names ---------------------------------------------------------
@@ -154,274 +198,151 @@ def _param(name: str, doc: str, converter: Converter[T]) -> Param[T]:
 class HasBatchSize(Params):
     """``batch_size``: rows per batch (training feed in ``train_fn``; inference calls in TFModel)."""
 
-    batch_size = _param("batch_size", "Number of records per batch", _integer("batch_size", 1))
-
-    def setBatchSize(self, value: int) -> Any:  # noqa: N802
-        return self._set(batch_size=value)
-
-    def getBatchSize(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.batch_size)
+    batch_size, setBatchSize, getBatchSize = _has("batch_size", "Number of records per batch", _integer(1))
 
 
 class HasClusterSize(Params):
     """``cluster_size``: number of TensorFlow nodes (Spark executors) for training."""
 
-    cluster_size = _param("cluster_size", "Number of nodes in the cluster", _integer("cluster_size", 1))
-
-    def setClusterSize(self, value: int) -> Any:  # noqa: N802
-        return self._set(cluster_size=value)
-
-    def getClusterSize(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.cluster_size)
+    cluster_size, setClusterSize, getClusterSize = _has("cluster_size", "Number of nodes in the cluster", _integer(1))
 
 
 class HasEpochs(Params):
     """``epochs``: how many times the DataFrame is fed (InputMode.SPARK)."""
 
-    epochs = _param("epochs", "Number of epochs to train", _integer("epochs", 1))
-
-    def setEpochs(self, value: int) -> Any:  # noqa: N802
-        return self._set(epochs=value)
-
-    def getEpochs(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.epochs)
+    epochs, setEpochs, getEpochs = _has("epochs", "Number of epochs to train", _integer(1))
 
 
 class HasFeedTimeout(Params):
     """``feed_timeout``: seconds a node may take no data before feeding fails (tfonspark)."""
 
-    feed_timeout = _param(
-        "feed_timeout",
-        "Seconds a node may accept no data before the feed fails",
-        _seconds("feed_timeout", positive=True),
+    feed_timeout, setFeedTimeout, getFeedTimeout = _has(
+        "feed_timeout", "Seconds a node may accept no data before the feed fails", _seconds(positive=True)
     )
-
-    def setFeedTimeout(self, value: float) -> Any:  # noqa: N802
-        return self._set(feed_timeout=value)
-
-    def getFeedTimeout(self) -> float:  # noqa: N802
-        return self.getOrDefault(self.feed_timeout)
 
 
 class HasMaxRestarts(Params):
     """``max_restarts``: restarts of the training cluster after a node failure (tfonspark; 0 = none)."""
 
-    max_restarts = _param(
+    max_restarts, setMaxRestarts, getMaxRestarts = _has(
         "max_restarts",
         "Times the cluster is restarted after a node failure (train_fn resumes from its checkpoints)",
-        _integer("max_restarts", 0),
+        _integer(0),
     )
-
-    def setMaxRestarts(self, value: int) -> Any:  # noqa: N802
-        return self._set(max_restarts=value)
-
-    def getMaxRestarts(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.max_restarts)
 
 
 class HasGraceSecs(Params):
     """``grace_secs``: seconds to wait after the workers finished, before stopping the cluster."""
 
-    grace_secs = _param(
+    grace_secs, setGraceSecs, getGraceSecs = _has(
         "grace_secs",
         "Number of seconds to wait after feeding data (for final tasks like exporting a saved_model)",
-        _seconds("grace_secs", positive=False),
+        _seconds(positive=False),
     )
-
-    def setGraceSecs(self, value: float) -> Any:  # noqa: N802
-        return self._set(grace_secs=value)
-
-    def getGraceSecs(self) -> float:  # noqa: N802
-        return self.getOrDefault(self.grace_secs)
 
 
 class HasInputMapping(Params):
     """``input_mapping``: DataFrame column -> tensor name (feed names, or signature inputs)."""
 
-    input_mapping = _param(
-        "input_mapping", "Mapping of input DataFrame column to input tensor", _mapping("input_mapping")
+    input_mapping, setInputMapping, getInputMapping = _has(
+        "input_mapping", "Mapping of input DataFrame column to input tensor", _mapping
     )
-
-    def setInputMapping(self, value: Mapping[str, str]) -> Any:  # noqa: N802
-        return self._set(input_mapping=value)
-
-    def getInputMapping(self) -> dict[str, str]:  # noqa: N802
-        return self.getOrDefault(self.input_mapping)
 
 
 class HasInputMode(Params):
     """``input_mode``: InputMode.SPARK feeds the DataFrame; TENSORFLOW writes it as TFRecords."""
 
-    input_mode = _param("input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", _input_mode)
-
-    def setInputMode(self, value: int) -> Any:  # noqa: N802
-        return self._set(input_mode=value)
-
-    def getInputMode(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.input_mode)
+    input_mode, setInputMode, getInputMode = _has(
+        "input_mode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", _input_mode
+    )
 
 
 class HasMasterNode(Params):
     """``master_node``: job name of the chief node (``'chief'``), or None for workers only."""
 
-    master_node = _param("master_node", "Job name of master/chief worker node", _master_node)
-
-    def setMasterNode(self, value: str | None) -> Any:  # noqa: N802
-        return self._set(master_node=value)
-
-    def getMasterNode(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.master_node)
+    master_node, setMasterNode, getMasterNode = _has(
+        "master_node", "Job name of master/chief worker node", _master_node
+    )
 
 
 class HasModelDir(Params):
     """``model_dir``: where ``train_fn`` keeps checkpoints (passed on in ``args``)."""
 
-    model_dir = _param("model_dir", "Path to save/load model checkpoints", _string("model_dir"))
-
-    def setModelDir(self, value: str) -> Any:  # noqa: N802
-        return self._set(model_dir=value)
-
-    def getModelDir(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.model_dir)
+    model_dir, setModelDir, getModelDir = _has("model_dir", "Path to save/load model checkpoints", _string_or_none)
 
 
 class HasNumPS(Params):
     """``num_ps`` and ``driver_ps_nodes``: parameter servers, and whether they run on the driver."""
 
-    num_ps = _param("num_ps", "Number of PS nodes in cluster", _integer("num_ps", 0))
-    driver_ps_nodes = Param(
-        Params._dummy(), "driver_ps_nodes", "Run PS nodes on driver locally", typeConverter=TypeConverters.toBoolean
-    )
-
-    def setNumPS(self, value: int) -> Any:  # noqa: N802
-        return self._set(num_ps=value)
-
-    def getNumPS(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.num_ps)
-
-    def setDriverPSNodes(self, value: bool) -> Any:  # noqa: N802
-        return self._set(driver_ps_nodes=value)
-
-    def getDriverPSNodes(self) -> bool:  # noqa: N802
-        return self.getOrDefault(self.driver_ps_nodes)
+    num_ps, setNumPS, getNumPS = _has("num_ps", "Number of PS nodes in cluster", _integer(0))
+    driver_ps_nodes, setDriverPSNodes, getDriverPSNodes = _has_flag("driver_ps_nodes", "Run PS nodes on driver locally")
 
 
 class HasOutputMapping(Params):
     """``output_mapping``: signature output name -> new DataFrame column."""
 
-    output_mapping = _param(
-        "output_mapping", "Mapping of output tensor to output DataFrame column", _mapping("output_mapping")
+    output_mapping, setOutputMapping, getOutputMapping = _has(
+        "output_mapping", "Mapping of output tensor to output DataFrame column", _mapping
     )
-
-    def setOutputMapping(self, value: Mapping[str, str]) -> Any:  # noqa: N802
-        return self._set(output_mapping=value)
-
-    def getOutputMapping(self) -> dict[str, str]:  # noqa: N802
-        return self.getOrDefault(self.output_mapping)
 
 
 class HasProtocol(Params):
     """``protocol``: TFoS's network protocol (grpc|rdma); passed on in ``args`` only."""
 
-    protocol = _param("protocol", "Network protocol for Tensorflow (grpc|rdma)", _string("protocol"))
-
-    def setProtocol(self, value: str) -> Any:  # noqa: N802
-        return self._set(protocol=value)
-
-    def getProtocol(self) -> str:  # noqa: N802
-        return self.getOrDefault(self.protocol)
+    protocol, setProtocol, getProtocol = _has("protocol", "Network protocol for Tensorflow (grpc|rdma)", _string)
 
 
 class HasReaders(Params):
     """``readers``: number of reader threads (passed on in ``args``)."""
 
-    readers = _param("readers", "number of reader/enqueue threads", _integer("readers", 1))
-
-    def setReaders(self, value: int) -> Any:  # noqa: N802
-        return self._set(readers=value)
-
-    def getReaders(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.readers)
+    readers, setReaders, getReaders = _has("readers", "number of reader/enqueue threads", _integer(1))
 
 
 class HasSteps(Params):
     """``steps``: maximum number of training steps (passed on in ``args``)."""
 
-    steps = _param("steps", "Maximum number of steps to train", _integer("steps", 0))
-
-    def setSteps(self, value: int) -> Any:  # noqa: N802
-        return self._set(steps=value)
-
-    def getSteps(self) -> int:  # noqa: N802
-        return self.getOrDefault(self.steps)
+    steps, setSteps, getSteps = _has("steps", "Maximum number of steps to train", _integer(0))
 
 
 class HasTensorboard(Params):
     """``tensorboard``: start TensorBoard on the chief."""
 
-    tensorboard = Param(
-        Params._dummy(), "tensorboard", "Launch tensorboard process", typeConverter=TypeConverters.toBoolean
-    )
-
-    def setTensorboard(self, value: bool) -> Any:  # noqa: N802
-        return self._set(tensorboard=value)
-
-    def getTensorboard(self) -> bool:  # noqa: N802
-        return self.getOrDefault(self.tensorboard)
+    tensorboard, setTensorboard, getTensorboard = _has_flag("tensorboard", "Launch tensorboard process")
 
 
 class HasTFRecordDir(Params):
     """``tfrecord_dir``: where InputMode.TENSORFLOW writes the DataFrame as TFRecords."""
 
-    tfrecord_dir = _param(
+    tfrecord_dir, setTFRecordDir, getTFRecordDir = _has(
         "tfrecord_dir",
         "Path to temporarily export a DataFrame as TFRecords (for InputMode.TENSORFLOW apps)",
-        _string("tfrecord_dir"),
+        _string_or_none,
     )
-
-    def setTFRecordDir(self, value: str) -> Any:  # noqa: N802
-        return self._set(tfrecord_dir=value)
-
-    def getTFRecordDir(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.tfrecord_dir)
 
 
 class HasExportDir(Params):
     """``export_dir``: the SavedModel directory (written by ``train_fn``, served by TFModel)."""
 
-    export_dir = _param("export_dir", "Directory to export saved_model", _string("export_dir"))
-
-    def setExportDir(self, value: str) -> Any:  # noqa: N802
-        return self._set(export_dir=value)
-
-    def getExportDir(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.export_dir)
+    export_dir, setExportDir, getExportDir = _has("export_dir", "Directory to export saved_model", _string_or_none)
 
 
 class HasSignatureDefKey(Params):
     """``signature_def_key``: the SavedModel signature to serve (default ``serving_default``)."""
 
-    signature_def_key = _param(
-        "signature_def_key", "Identifier for a specific saved_model signature", _string("signature_def_key")
+    signature_def_key, setSignatureDefKey, getSignatureDefKey = _has(
+        "signature_def_key", "Identifier for a specific saved_model signature", _string_or_none
     )
-
-    def setSignatureDefKey(self, value: str) -> Any:  # noqa: N802
-        return self._set(signature_def_key=value)
-
-    def getSignatureDefKey(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.signature_def_key)
 
 
 class HasTagSet(Params):
     """``tag_set``: comma-separated tags of the MetaGraph to load (None: the only one)."""
 
-    tag_set = _param("tag_set", "Comma-delimited list of tags identifying a saved_model metagraph", _string("tag_set"))
+    tag_set, setTagSet, getTagSet = _has(
+        "tag_set", "Comma-delimited list of tags identifying a saved_model metagraph", _string_or_none
+    )
 
-    def setTagSet(self, value: str) -> Any:  # noqa: N802
-        return self._set(tag_set=value)
 
-    def getTagSet(self) -> str | None:  # noqa: N802
-        return self.getOrDefault(self.tag_set)
+_name_accessors(*(mixin for mixin in Params.__subclasses__() if mixin.__module__ == __name__))
 
 
 # ---- args: tf_args merged with the Params ----------------------------------------------------
