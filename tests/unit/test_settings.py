@@ -308,6 +308,6 @@ def test_run_refuses_a_heartbeat_timeout_that_would_overflow_before_any_work_sta
 # ---- docs ---------------------------------------------------------------------------------------
 
 
-def test_the_readme_lists_every_setting_in_one_table():
-    readme = (REPO / "README.md").read_text()
-    assert readme.count(settings.markdown_table()) == 1
+def test_the_settings_doc_lists_every_setting_in_one_table():
+    doc = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert doc.count(settings.markdown_table()) == 1
