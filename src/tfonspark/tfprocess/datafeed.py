@@ -66,6 +66,38 @@ class DataFeed:
     inside a batch, and each row is read once. A reader waiting for data holds the lock; the
     others wait for it. :meth:`batch_results` answers the last batch read on this feed, by any
     thread: an inference loop must read and answer from one thread at a time.
+
+    In ``map_fun`` get one with ``ctx.get_data_feed(...)`` (same parameters, ``mgr`` filled in).
+
+    Parameters
+    ----------
+    mgr : FeedServer or LocalFeeds
+        Where the fed data arrives: ``ctx.mgr`` on a node of a cluster started with
+        ``input_mode=InputMode.SPARK``, or a :class:`~tfonspark.tfprocess.localfeed.LocalFeeds`
+        (``TFManager.start(...)``) to test ``map_fun`` without Spark. Anything else raises
+        :class:`~tfonspark.errors.FeedError`.
+    train_mode : bool, default True
+        True for ``Cluster.train`` feeds; False for ``Cluster.inference``, where a batch never
+        spans two partitions and each batch must be answered with :meth:`batch_results`.
+    qname_in : str, default "input"
+        The queue to read (the ``qname`` the driver fed).
+    qname_out : str, default "output"
+        Kept for TFoS compatibility; results go back to the partition they came from.
+    input_mapping : dict or list of str, optional
+        Column name -> tensor name (a list maps each column to itself). With it, reads return
+        ``{tensor name: numpy array}``, looking columns up by name, or for unnamed fields by the
+        position of the column in sorted order (TFoS).
+
+    Examples
+    --------
+    >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+    >>> feeds = LocalFeeds(["input", "output"])
+    >>> for i in range(3):
+    ...     feeds.get_queue("input").put(([float(i), 1.0], i))
+    >>> feeds.get_queue("input").put(None)  # the end of the feed
+    >>> feed = DataFeed(feeds)
+    >>> feed.next_batch(2)
+    [([0.0, 1.0], 0), ([1.0, 1.0], 1)]
     """
 
     def __init__(
@@ -122,6 +154,30 @@ class DataFeed:
         """Up to ``batch_size`` rows as columns, or None once the feed has ended.
 
         Blocks until data arrives or the driver ends the feed. Safe to call from several threads.
+        No per-row Python work: each column is one numpy array (a list for strings).
+
+        Parameters
+        ----------
+        batch_size : int
+            The most rows to return (>= 1; fewer at the end of the feed or, in inference mode,
+            of a partition).
+
+        Returns
+        -------
+        ColumnBatch or None
+            ``.count`` rows in ``.columns`` (one per field, axis 0 is the row), ``.names`` for
+            named (dict or DataFrame) rows; None once the feed has ended.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(5):
+        ...     feeds.get_queue("input").put(([float(i), 1.0], i))
+        >>> feeds.get_queue("input").put(None)
+        >>> batch = DataFeed(feeds).next_columns(4)
+        >>> batch.count, batch.columns[1].tolist()
+        (4, [0, 1, 2, 3])
         """
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1. Received: {batch_size}")
@@ -156,6 +212,29 @@ class DataFeed:
         and DataFrame rows are tuples of numpy arrays. Rebuilding lists costs about as much
         per value as unpickling them: :meth:`next_columns`, :meth:`as_dataset` and
         ``input_mapping`` hand out numpy columns instead.
+
+        Parameters
+        ----------
+        batch_size : int
+            The most rows to return (>= 1).
+
+        Returns
+        -------
+        list or dict
+            The rows (``[]`` once the feed has ended); with ``input_mapping``, a dict of tensor
+            name -> numpy array (empty lists once the feed has ended).
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(3):
+        ...     feeds.get_queue("input").put({"x": [i, i], "y": i})
+        >>> feeds.get_queue("input").put(None)
+        >>> feed = DataFeed(feeds, input_mapping={"x": "features", "y": "label"})
+        >>> batch = feed.next_batch(2)
+        >>> batch["features"].tolist(), batch["label"].tolist()
+        ([[0, 0], [1, 1]], [0, 1])
         """
         batch = self.next_columns(batch_size)
         if batch is None:
@@ -187,7 +266,22 @@ class DataFeed:
         return out
 
     def should_stop(self) -> bool:
-        """True once the feed has ended (TFoS ``should_stop``)."""
+        """True once the feed has ended (TFoS ``should_stop``): the read loop's exit test.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(5):
+        ...     feeds.get_queue("input").put(i)
+        >>> feeds.get_queue("input").put(None)
+        >>> feed = DataFeed(feeds)
+        >>> while not feed.should_stop():
+        ...     print(feed.next_batch(2))
+        [0, 1]
+        [2, 3]
+        [4]
+        """
         return self.done_feeding
 
     def drain(self) -> int:
@@ -203,6 +297,24 @@ class DataFeed:
         rows either of them reads are gone.
 
         Training feeds only: an inference feed owes one result per row (``batch_results``).
+
+        Returns
+        -------
+        int
+            The number of rows dropped.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(10):
+        ...     feeds.get_queue("input").put(i)
+        >>> feeds.get_queue("input").put(None)
+        >>> feed = DataFeed(feeds)
+        >>> feed.next_batch(4)  # e.g. model.fit(dataset, steps_per_epoch=...) read this much
+        [0, 1, 2, 3]
+        >>> feed.drain()
+        6
         """
         if not self.train_mode:
             raise InputError(
@@ -216,7 +328,31 @@ class DataFeed:
 
     # ---- results and control ------------------------------------------------------------------
     def batch_results(self, results: Any) -> None:
-        """Send one result per row of the last batch back to the partition it came from."""
+        """Send one result per row of the last batch back to the partition it came from.
+
+        ``Cluster.inference`` returns the results in the order of its rows. Call it once after
+        each read of an inference feed (``train_mode=False``), from the thread that read.
+
+        Parameters
+        ----------
+        results : sequence
+            Exactly one result per row of the last batch read (a list, or a numpy array whose
+            first axis is the row); a different length raises
+            :class:`~tfonspark.errors.InputError`.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input", "output"])
+        >>> for i in range(3):
+        ...     feeds.get_queue("input").put(([1.0, float(i)],))
+        >>> feeds.get_queue("input").put(None)
+        >>> feed = DataFeed(feeds, train_mode=False)
+        >>> rows = feed.next_batch(10)
+        >>> feed.batch_results([sum(x) for (x,) in rows])
+        >>> [feeds.get_queue("output").get() for _ in rows]
+        [1.0, 2.0, 3.0]
+        """
         stream, count = self._last
         n = len(results)
         if n != count:
@@ -235,7 +371,21 @@ class DataFeed:
     def terminate(self) -> None:
         """Stop the feed early: queued data is dropped and feed tasks stop sending.
 
-        A reader blocked waiting for data wakes up and sees the end of the feed.
+        A reader blocked waiting for data wakes up and sees the end of the feed. For a node that
+        has what it needs (e.g. reached its step count) before the driver ends the feed.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(10):
+        ...     feeds.get_queue("input").put(i)
+        >>> feed = DataFeed(feeds)
+        >>> feed.next_batch(3)
+        [0, 1, 2]
+        >>> feed.terminate()
+        >>> feed.should_stop(), feed.next_batch(3)
+        (True, [])
         """
         self.server.terminate()  # first: it wakes a reader that holds the lock while waiting
         with self._lock:
@@ -250,6 +400,31 @@ class DataFeed:
         (``None`` batch dimension); later batches are cast to it or rejected with InputError.
         The dataset reads through :meth:`next_columns` (on ``tf.data``'s threads), so it may be
         iterated while this node also calls :meth:`drain` or reads the feed itself.
+
+        Parameters
+        ----------
+        batch_size : int
+            The most rows per element (the last batch of the feed may be smaller).
+        output_signature : tf.TensorSpec or nested structure of them, optional
+            The element spec; required when the feed may end before any data arrives (or
+            :class:`~tfonspark.errors.InputError` is raised).
+
+        Returns
+        -------
+        tf.data.Dataset
+            Ends when the feed ends; its elements are a tensor for one-value rows, a tuple for
+            other rows, a dict for named columns or with ``input_mapping``.
+
+        Examples
+        --------
+        >>> from tfonspark.tfprocess.localfeed import LocalFeeds
+        >>> feeds = LocalFeeds(["input"])
+        >>> for i in range(5):
+        ...     feeds.get_queue("input").put(([float(i), 1.0], i))
+        >>> feeds.get_queue("input").put(None)
+        >>> dataset = DataFeed(feeds).as_dataset(batch_size=4)
+        >>> [y.numpy().tolist() for x, y in dataset]
+        [[0, 1, 2, 3], [4]]
         """
         import tensorflow as tf
 
@@ -335,6 +510,34 @@ def _cast(value: Any, spec: Any) -> Any:
 def feed_dataset(
     ctx: Any, batch_size: int, qname: str = "input", input_mapping: Any = None, output_signature: Any = None
 ) -> Any:
-    """``tf.data.Dataset`` over the data fed to this node: ``ctx.get_data_feed(...).as_dataset(...)``."""
+    """``tf.data.Dataset`` over the data fed to this node: ``ctx.get_data_feed(...).as_dataset(...)``.
+
+    A training feed (:class:`DataFeed` with ``train_mode=True``); see :meth:`DataFeed.as_dataset`
+    for the elements and when the dataset ends.
+
+    Parameters
+    ----------
+    ctx : NodeContext
+        The ``ctx`` of ``map_fun(args, ctx)``; its ``mgr`` is the node's feed.
+    batch_size : int
+        The most rows per element.
+    qname : str, default "input"
+        The queue the driver fed (``Cluster.train(..., qname=...)``).
+    input_mapping : dict or list of str, optional
+        Column name -> tensor name: the elements become dicts of tensors (see :class:`DataFeed`).
+    output_signature : tf.TensorSpec or nested structure of them, optional
+        The element spec, by default taken from the first batch.
+
+    Returns
+    -------
+    tf.data.Dataset
+
+    Examples
+    --------
+    In ``map_fun(args, ctx)`` of a cluster fed by ``cluster.train(rdd, num_epochs)``:
+
+    >>> dataset = feed_dataset(ctx, batch_size=64).map(lambda x, y: (x / 255.0, y))  # doctest: +SKIP
+    >>> model.fit(dataset, epochs=1)  # doctest: +SKIP
+    """
     feed = DataFeed(ctx.mgr, True, qname, input_mapping=input_mapping)
     return feed.as_dataset(batch_size, output_signature)
