@@ -20,10 +20,13 @@ import logging
 import os
 import posixpath
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 __all__ = [
     "LOCAL_FS",
@@ -128,7 +131,7 @@ def is_local(uri: str) -> bool:
     return len(scheme) <= 1 or scheme == "file"
 
 
-def default_fs(sc: Any) -> str:
+def default_fs(sc: SparkContext) -> str:
     """The Hadoop ``fs.defaultFS`` of a live SparkContext; ``file://`` if unset or unreadable.
 
     Unreadable means no JVM gateway (Spark Connect) or a stopped context: paths are then local.
@@ -139,7 +142,7 @@ def default_fs(sc: Any) -> str:
         return "file://"
 
 
-def resolve(sc: Any, path: str) -> str:
+def resolve(sc: SparkContext, path: str) -> str:
     """:func:`qualify` ``path`` with the default file system and user of a live SparkContext."""
     fs = default_fs(sc)
     try:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.ml import Estimator
 
@@ -73,6 +73,9 @@ from .params import (
     TFParams,
 )
 from .persistence import TFPersistence, decode_args, decode_function, encode_args, encode_function
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 __all__ = ["TFEstimator"]
 
@@ -131,13 +134,44 @@ class TFEstimator(
 ):
     """Trains ``train_fn(args, ctx)`` on a tfonspark cluster (TFoS ``pipeline.TFEstimator``).
 
-    ``tf_args``: dict, argparse.Namespace, :class:`Namespace`, argv list (handed to
-    ``train_fn`` as is, as in TFoS) or None. ``export_fn(args)``: optional, run once on an
-    executor after training. See the module docstring for what ``fit`` does.
+    ``fit(df)`` (Spark ML's) starts the cluster, feeds ``df``, shuts the cluster down and returns
+    a :class:`~tfonspark.ml.TFModel`: the steps are in :mod:`tfonspark.ml.estimator`. The
+    ``set<Param>``/``get<Param>`` methods (TFoS names, e.g. ``setInputMapping``) set and read
+    the Params of :mod:`tfonspark.ml.params`; each setter returns the estimator, for chaining.
 
     ``save``/``load`` store the functions by reference (``module:qualname``) and ``tf_args`` as
     JSON; functions from ``__main__``/notebooks, lambdas, or ``tf_args`` JSON cannot hold need
     ``allow_pickle=True`` on both sides (:mod:`tfonspark.ml.persistence`).
+
+    Parameters
+    ----------
+    train_fn : callable
+        ``train_fn(args, ctx)``, run on every node: ``args`` is ``tf_args`` with every Param
+        set as an attribute (:meth:`merge_args_params`), ``ctx`` the node's
+        :class:`~tfonspark.NodeContext`. It should export a SavedModel to ``args.export_dir``.
+    tf_args : dict, argparse.Namespace, Namespace or list of str, optional
+        The user's arguments; an argv list is handed to ``train_fn`` as is, as in TFoS.
+    export_fn : callable, optional
+        ``export_fn(args)``, run once on an executor after training (e.g. to build a serving
+        model from the checkpoints in ``model_dir``).
+
+    Examples
+    --------
+    >>> from tfonspark.ml import TFEstimator
+    >>> def train_fn(args, ctx):
+    ...     from tfonspark.distribute import export_saved_model
+    ...     feed = ctx.get_data_feed(input_mapping=args.input_mapping)
+    ...     dataset = feed.as_dataset(args.batch_size)  # batches of {"x": ..., "y": ...}
+    ...     model = build_model(args.lr)  # your Keras model
+    ...     model.fit(dataset.map(lambda d: (d["x"], d["y"])))
+    ...     export_saved_model(model, args.export_dir)
+    >>> estimator = (TFEstimator(train_fn, {"lr": 0.1})
+    ...              .setInputMapping({"features": "x", "label": "y"})  # column -> tensor
+    ...              .setClusterSize(2).setEpochs(3).setExportDir("/models/m"))
+    >>> estimator.merge_args_params().lr, estimator.getEpochs()
+    (0.1, 3)
+    >>> model = estimator.fit(train_df)  # doctest: +SKIP
+    >>> model.setOutputMapping({"output_0": "prediction"}).transform(test_df)  # doctest: +SKIP
     """
 
     _tfos_face = False  # pipeline.TFEstimator: nodes run Keras 2 where tf_keras is installed
@@ -261,7 +295,7 @@ def _train_and_shutdown(cluster: Any, feed: Any, args: Namespace) -> None:
     cluster.shutdown(grace_secs=args.grace_secs)
 
 
-def _run_export_fn(sc: Any, export_fn: Any, tf_args: Any) -> None:
+def _run_export_fn(sc: SparkContext, export_fn: Any, tf_args: Any) -> None:
     """Run ``export_fn(args)`` once, in a one-task Spark job (an executor's Python worker).
 
     A tfonspark error raised by ``export_fn`` is raised again here as itself (type and

@@ -80,10 +80,29 @@ class TFModel(
 ):
     """Serves a SavedModel signature on a DataFrame (TFoS ``pipeline.TFModel``).
 
-    ``tf_args`` (dict, argparse.Namespace, argv list or None) is kept for TFoS compatibility and
-    persisted with the model as JSON (values JSON cannot hold need ``save(path,
-    allow_pickle=True)`` and ``load(path, allow_pickle=True)``: :mod:`tfonspark.ml.persistence`);
-    serving uses the Params only.
+    ``transform(df)`` (Spark ML's) returns ``df`` with one column appended per
+    ``output_mapping`` entry, lazily (see :mod:`tfonspark.ml.model`). The
+    ``set<Param>``/``get<Param>`` methods (TFoS names: ``setExportDir``, ``setInputMapping``,
+    ``setOutputMapping``, ``setSignatureDefKey``, ``setTagSet``, ``setBatchSize``) set and read
+    the Params of :mod:`tfonspark.ml.params`; each setter returns the model, for chaining.
+
+    Parameters
+    ----------
+    tf_args : dict, argparse.Namespace, Namespace or list of str, optional
+        Kept for TFoS compatibility and persisted with the model as JSON (values JSON cannot
+        hold need ``save(path, allow_pickle=True)`` and ``load(path, allow_pickle=True)``:
+        :mod:`tfonspark.ml.persistence`); serving uses the Params only.
+
+    Examples
+    --------
+    >>> from tfonspark.ml import TFModel
+    >>> model = (TFModel()
+    ...          .setExportDir("/models/linear")
+    ...          .setInputMapping({"features": "dense_input"})   # column -> signature input
+    ...          .setOutputMapping({"output_0": "prediction"}))  # signature output -> new column
+    >>> model.getBatchSize(), model.getSignatureDefKey()
+    (100, 'serving_default')
+    >>> predictions = model.transform(df)  # doctest: +SKIP
     """
 
     def __init__(self, tf_args: Any = None) -> None:
