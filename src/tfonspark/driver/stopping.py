@@ -124,6 +124,27 @@ def request_stop(
 
     Raises AuthenticationError if the driver refused the secret, ClusterError if no driver
     answers there (the cluster has shut down?) or it rejected the request.
+
+    Parameters
+    ----------
+    target : str, os.PathLike or (str, int)
+        The stop file's path; or, with ``secret``, the driver's address as ``"host:port"`` or
+        ``(host, port)``.
+    secret : bytes or str, optional
+        The cluster secret (bytes or hex), needed with an address only: a stop file holds it.
+    reason : str, optional
+        Why, for the driver's log and ``Cluster.stop_condition`` (default: ``request_stop()
+        from pid <pid>``).
+    timeout : float, default 10.0
+        Seconds to wait for the driver to answer.
+
+    Examples
+    --------
+    On the driver, ``path = cluster.write_stop_file()``; then, from any process that can read
+    the file (a scheduler, another notebook):
+
+    >>> import tfonspark
+    >>> tfonspark.request_stop(path, reason="nightly window closed")  # doctest: +SKIP
     """
     stop = _target(target, secret)
     where = f"{stop.host}:{stop.port}"

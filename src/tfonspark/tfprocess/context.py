@@ -28,6 +28,31 @@ def hdfs_path(ctx: Any, path: str) -> str:
 
     A path with a scheme is kept; an absolute path gets ``defaultFS``; a relative path goes under
     the working directory for ``file://`` and under ``/user/<user>/`` for hdfs and viewfs.
+    Same as ``ctx.absolute_path(path)``.
+
+    Parameters
+    ----------
+    ctx : NodeContext
+        The ``ctx`` of ``map_fun(args, ctx)``: its ``defaultFS`` (the driver's Hadoop
+        ``fs.defaultFS``) and ``working_dir`` (the node's working directory) are used.
+    path : str
+        A path or URI, e.g. from the command line.
+
+    Returns
+    -------
+    str
+        The fully qualified URI.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> ctx = SimpleNamespace(defaultFS="hdfs://nn:8020", working_dir="/home/me/job")  # as a NodeContext
+    >>> hdfs_path(ctx, "/data/mnist")
+    'hdfs://nn:8020/data/mnist'
+    >>> hdfs_path(ctx, "s3://bucket/model")
+    's3://bucket/model'
+    >>> hdfs_path(SimpleNamespace(defaultFS="file://", working_dir="/home/me/job"), "out/model")
+    'file:///home/me/job/out/model'
     """
     return qualify(path, default_fs=str(ctx.defaultFS), working_dir=str(ctx.working_dir), tfos=True)
 
