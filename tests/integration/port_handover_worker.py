@@ -133,8 +133,8 @@ def map_fun(args: dict, ctx) -> None:
 def main(mode: str, out_path: str) -> None:
     from pyspark import cloudpickle
 
+    from tfonspark import host
     from tfonspark.config import InputMode, NodeConfig
-    from tfonspark.executor import host
     from tfonspark.tfprocess import entry
 
     reserved = host.reserve_port()  # what the supervisor does, then hands to the TF process

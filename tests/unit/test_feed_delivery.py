@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfonspark.executor.feeder import Feeder, FeedTarget
-from tfonspark.executor.host import executor_key
+from tfonspark.host import executor_key
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import FeedServer
 from tfonspark.wire import messages as m

@@ -17,7 +17,7 @@ import pytest
 from tfonspark.errors import FeedError, FeedTimeout, InputError
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder, FeedTarget, choose_target
-from tfonspark.executor.host import executor_key
+from tfonspark.host import executor_key
 from tfonspark.tfprocess.context import NodeContext
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import FeedServer

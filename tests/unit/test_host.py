@@ -1,4 +1,4 @@
-"""executor/host.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
+"""host.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from tfonspark.executor import host
+from tfonspark import host
 from tfonspark.tfprocess import tensorboard
 
 

@@ -19,7 +19,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from tfonspark.executor import host
+from tfonspark import host
 from tfonspark.importhook import AfterImport
 from tfonspark.tfprocess import server
 from tfonspark.tfprocess.context import NodeContext

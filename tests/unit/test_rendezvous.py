@@ -579,7 +579,7 @@ def test_reuse_addr_does_not_share_a_live_listener_or_a_reserved_port():
             bind_server_socket("127.0.0.1", str(port))  # both have SO_REUSEADDR: still refused
     finally:
         live.close()
-    reserved = socket.socket()  # as executor/host.reserve_port holds a node's port: bound, no listen
+    reserved = socket.socket()  # as host.reserve_port holds a node's port: bound, no listen
     reserved.bind(("127.0.0.1", 0))
     try:
         with pytest.raises(ConfigError):

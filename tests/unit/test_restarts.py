@@ -156,7 +156,7 @@ def test_a_node_goes_when_its_executor_goes(monkeypatch, tmp_path):
 def test_executor_liveness_sees_exited_and_zombie_processes():
     import subprocess
 
-    from tfonspark.executor.host import executor_alive, executor_pid
+    from tfonspark.host import executor_alive, executor_pid
 
     assert executor_alive(os.getpid())
     assert executor_pid() == 0  # pytest is not a Spark JVM's Python worker

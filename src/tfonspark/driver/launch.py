@@ -12,8 +12,8 @@ from .. import settings
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
 from ..executor.gpus import requested_gpus
-from ..executor.host import local_ip_towards
 from ..fs import default_fs
+from ..host import local_ip_towards
 from ..wire.framing import new_secret
 from .cluster import SPARK_SETTINGS, Cluster
 from .jobs import barrier_supported, wait_for_slots

@@ -35,8 +35,8 @@ from typing import Any
 
 from .. import settings
 from ..errors import ConfigError, ProtocolError
-from ..executor.host import is_wildcard
 from ..executor.supervisor import MAX_EVENT_BYTES
+from ..host import is_wildcard
 from ..wire import messages as m
 from ..wire.framing import Connection
 from ..wire.listener import Listener

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import FeedError, FeedTimeout, InputError, ProtocolError
+from ..host import executor_key
 from ..wire import messages as m
 from ..wire.arrow import arrow_to_columns, columns_to_arrow
 from ..wire.codec import BATCH_KIND, ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 from ..wire.framing import Connection, connect, connect_unix
 from ..wire.pickled import PickledRows
-from .host import executor_key
 
 __all__ = ["FeedTarget", "Feeder", "choose_target", "decoded_batches", "pickled_batches", "rdd_feed"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..config import InputMode, NodeConfig
 from ..errors import ClusterError
+from ..host import executor_pid
 from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
 from .gpus import check_request, spark_addresses
-from .host import executor_pid
 
 __all__ = ["node_task", "start_node"]
 

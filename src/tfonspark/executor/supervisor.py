@@ -35,6 +35,7 @@ from typing import IO, Any
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..errors import ConfigError, ProtocolError
+from ..host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
 from ..settings import COLLECTIVE_ENV
 from ..wire import messages as m
 from ..wire.bootstrap import STATUS_PREFIX, read_bootstrap, write_bootstrap
@@ -42,7 +43,6 @@ from ..wire.framing import Connection, connect, remove_unix_socket
 from . import tfos_env
 from .gpus import assign as assign_gpus
 from .gpus import cuda_env
-from .host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
 
 TAIL_LINES = 60
 MAX_EVENT_BYTES = 65 * 1024

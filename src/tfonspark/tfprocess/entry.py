@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
-from ..executor.host import bind_address, remove_scratch
+from ..host import bind_address, remove_scratch
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import remove_unix_socket
 from .context import NodeContext

@@ -5,7 +5,7 @@ Only programs that drive TensorFlow's servers themselves need ``start_cluster_se
 servers, TF 1-style graphs). ``MultiWorkerMirroredStrategy`` and ``ParameterServerStrategy``
 start their own from ``TF_CONFIG``, which the node already has.
 
-**The hand-over.** The supervisor reserves the node's port (``executor/host.py``: bound, not
+**The hand-over.** The supervisor reserves the node's port (``host.py``: bound, not
 listening, no ``SO_REUSEADDR``: nobody else can bind it on any address). Releasing it before
 ``map_fun`` runs, as TFoS did, left it free for seconds (unpickling, imports, model set-up)
 until TF's server bound it, and another local user spinning on ``bind()`` took it. TF cannot

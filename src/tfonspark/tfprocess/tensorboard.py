@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from ..executor.host import is_wildcard
+from ..host import is_wildcard
 
 __all__ = ["start_tensorboard"]
 
