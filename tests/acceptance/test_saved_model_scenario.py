@@ -34,7 +34,7 @@ def _train_fn(args, ctx):
     dataset = feed.as_dataset(args.batch_size).map(lambda batch: (batch["x"], batch["y_"]))
     # each node trains on its own fed partitions: no auto-sharding
     tfk.fit(model, dataset, epochs=1, shard_policy="off", verbose=0)
-    distribute.export_saved_model(model, args.export_dir)
+    tfk.export_saved_model(model, args.export_dir)
 
 
 @pytest.mark.slow

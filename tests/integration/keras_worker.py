@@ -51,7 +51,7 @@ def main(phase: str, model_dir: str, export_dir: str, out_path: str) -> None:
     start = StartWeights()
     reports: list[dict] = []
 
-    def on_progress(p: distribute.Progress) -> None:
+    def on_progress(p: tfk.Progress) -> None:
         if p.epoch_end:
             reports.append({"epoch": p.epoch, "step": p.step, "global_rows": p.global_rows})
 
@@ -65,7 +65,7 @@ def main(phase: str, model_dir: str, export_dir: str, out_path: str) -> None:
             callbacks=[start],
             on_progress=on_progress,
         )
-        exported = distribute.export_saved_model(model, export_dir)
+        exported = tfk.export_saved_model(model, export_dir)
     else:
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:

@@ -155,7 +155,7 @@ def _least_squares(args, ctx):
     import tensorflow as tf
 
     from tfonspark import TFNode
-    from tfonspark.data import read_tfrecord_file
+    from tfonspark.data.tfrecord import read_tfrecord_file
 
     xs, ys, names = [], [], set()
     for path in sorted(glob.glob(os.path.join(args.tfrecord_dir, "part-*"))):

@@ -13,7 +13,7 @@ from tfonspark.errors import ConfigError
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from tfonspark import distribute  # noqa: E402 - needs TensorFlow
+import tfonspark.keras as tfk  # noqa: E402 - needs TensorFlow
 from tfonspark.distribute.checkpoint import export_saved_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -56,7 +56,7 @@ def test_signatures_go_through_tf_saved_model(tmp_path):
 
 def test_without_is_chief_the_strategy_decides(tmp_path):
     # no TF_CONFIG: one process, which is the chief
-    assert distribute.export_saved_model(small_model(), tmp_path / "m") == str(tmp_path / "m")
+    assert tfk.export_saved_model(small_model(), tmp_path / "m") == str(tmp_path / "m")
     assert written(tmp_path / "m")
 
 

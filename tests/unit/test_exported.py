@@ -7,7 +7,14 @@ import importlib.resources
 
 import pytest
 
-PUBLIC = ["tfonspark", "tfonspark.errors", "tfonspark.testing", "tfonspark.ml", "tfonspark.data", "tfonspark.demo"]
+PUBLIC = [
+    "tfonspark",
+    "tfonspark.errors",
+    "tfonspark.testing",
+    "tfonspark.ml",
+    "tfonspark.data.tfrecord",
+    "tfonspark.demo",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

@@ -120,7 +120,7 @@ def test_strategy_is_cached_and_refuses_another_tf_config(strategy):
 
 def test_fit_learns_linear_function_and_reports_global_epoch_logs(strategy):
     model = _linear_model(strategy)
-    reports: list[distribute.Progress] = []
+    reports: list[tfk.Progress] = []
     epochs = 12
     xv, yv = _linear_data(64, seed=1)
     yv = yv + np.random.default_rng(1).normal(0.0, 0.5, size=yv.shape).astype("float32")
@@ -214,7 +214,7 @@ def test_infinite_dataset_needs_steps_per_epoch(strategy):
         def on_train_batch_begin(self, batch, logs=None):
             seen.append(batch)
 
-    reports: list[distribute.Progress] = []
+    reports: list[tfk.Progress] = []
     history = tfk.fit(
         model,
         infinite,
@@ -231,7 +231,7 @@ def test_infinite_dataset_needs_steps_per_epoch(strategy):
 
 def test_finite_dataset_with_steps_per_epoch_restarts_when_it_runs_out(strategy, caplog):
     model = _linear_model(strategy)
-    reports: list[distribute.Progress] = []
+    reports: list[tfk.Progress] = []
     with caplog.at_level(logging.WARNING, logger="tfonspark.distribute.keras_fit"):
         tfk.fit(model, _linear_ds(), epochs=3, steps_per_epoch=5, on_progress=reports.append, verbose=0)
     # 8 batches: epoch 0 takes 5, epoch 1 the last 3 (early end), epoch 2 starts again
@@ -483,7 +483,7 @@ def test_fit_inside_the_scope_with_checkpoints(strategy, tmp_path):
 
 
 def test_export_saved_model_serves_the_same_predictions(strategy, tmp_path):
-    trainer = distribute.DistributedTrainer(_linear_model(strategy))
+    trainer = tfk.DistributedTrainer(_linear_model(strategy))
     trainer.fit(_linear_ds(), epochs=2, verbose=0)
     assert trainer.is_chief
     path = trainer.export(tmp_path / "export")

@@ -135,13 +135,13 @@ def test_checkpoint_every_steps_must_be_a_positive_int(strategy, tmp_path, every
 
 def test_checkpoint_every_steps_needs_a_model_dir(strategy):
     with pytest.raises(ConfigError, match="checkpoint_every_steps needs a model_dir"):
-        distribute.DistributedTrainer(_model(strategy, 0), checkpoint_every_steps=10)
+        tfk.DistributedTrainer(_model(strategy, 0), checkpoint_every_steps=10)
 
 
 def test_model_dir_without_an_interval_checkpoints_at_the_default(strategy, tmp_path):
-    trainer = distribute.DistributedTrainer(_model(strategy, 0), model_dir=tmp_path)
+    trainer = tfk.DistributedTrainer(_model(strategy, 0), model_dir=tmp_path)
     assert trainer._checkpoint_every == tfk.DEFAULT_CHECKPOINT_EVERY_STEPS
-    assert distribute.DistributedTrainer(_model(strategy, 0))._checkpoint_every is None
+    assert tfk.DistributedTrainer(_model(strategy, 0))._checkpoint_every is None
 
 
 # -- model_dir shared by all workers -----------------------------------------------------------

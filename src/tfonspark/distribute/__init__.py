@@ -1,14 +1,17 @@
-"""Multi-worker training helpers: the per-process strategy, Keras 3 ``fit``, checkpoints, export.
+"""Multi-worker helpers, the door for the per-process strategy and ``TF_CONFIG``.
 
 Typical ``main_fun`` on every node::
 
-    from tfonspark import distribute
+    import tfonspark.keras
+    from tfonspark.distribute import strategy
 
-    strategy = distribute.strategy()          # first TensorFlow call in the process
-    with strategy.scope():
+    with strategy().scope():                  # strategy(): first TensorFlow call in the process
         model = make_model()                  # build *and* compile inside the scope
-    history = distribute.fit(model, dataset, epochs=3, model_dir=shared_dir)
-    distribute.export_saved_model(model, export_dir)   # every node calls; the chief writes
+    history = tfonspark.keras.fit(model, dataset, epochs=3, model_dir=shared_dir)
+    tfonspark.keras.export_saved_model(model, export_dir)   # every node calls; the chief writes
+
+The Keras training API (``fit``, ``Progress``, ``DistributedTrainer``, ``export_saved_model``),
+defined in :mod:`.keras_fit` and :mod:`.checkpoint`, has its one door in :mod:`tfonspark.keras`.
 
 Names are loaded on first use (PEP 562), so ``tfonspark.distribute.tf_config`` (``TF_CONFIG``
 written and read without TensorFlow) can be imported by the supervisor and on a driver; the
@@ -22,20 +25,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .checkpoint import EpochCheckpoint, export_saved_model
-    from .keras_fit import DatasetFn, DistributedTrainer, Progress, fit
+    from .checkpoint import EpochCheckpoint
     from .strategies import check_model_strategy, strategy, task_info_of
     from .tf_config import TaskInfo, is_chief, task_info
 
 __all__ = [
-    "DatasetFn",
-    "DistributedTrainer",
     "EpochCheckpoint",
-    "Progress",
     "TaskInfo",
     "check_model_strategy",
-    "export_saved_model",
-    "fit",
     "is_chief",
     "strategy",
     "task_info",
@@ -43,14 +40,9 @@ __all__ = [
 ]
 
 _HOMES = {
-    "DatasetFn": "keras_fit",
-    "DistributedTrainer": "keras_fit",
     "EpochCheckpoint": "checkpoint",
-    "Progress": "keras_fit",
     "TaskInfo": "tf_config",
     "check_model_strategy": "strategies",
-    "export_saved_model": "checkpoint",
-    "fit": "keras_fit",
     "is_chief": "tf_config",
     "strategy": "strategies",
     "task_info": "tf_config",

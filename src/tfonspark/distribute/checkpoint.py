@@ -232,9 +232,8 @@ def export_saved_model(
 ) -> str | None:
     """Export ``model`` (Keras 3, tf_keras or ``tf.Module``) as a SavedModel; return where it went.
 
-    The one export of tfonspark: ``tfonspark.keras.export_saved_model``,
-    ``tfonspark.distribute.export_saved_model``, ``ctx.export_saved_model`` and TFoS's
-    ``TFNode.export_saved_model`` all call it. Who writes:
+    The one export of tfonspark: ``tfonspark.keras.export_saved_model`` (its door),
+    ``ctx.export_saved_model`` and TFoS's ``TFNode.export_saved_model`` all call it. Who writes:
 
     * **every worker exports, the chief keeps it** (the multi-worker rule, as for checkpoints:
       reading a distributed variable may be a collective op) when ``is_chief`` is None, and

@@ -23,7 +23,7 @@
    ``batch_size``, ``model_dir``).
 
 ``train_fn`` should export a SavedModel to ``args.export_dir`` for the model to serve, e.g.
-``tfonspark.distribute.export_saved_model(model, args.export_dir)`` on every node (the chief
+``tfonspark.keras.export_saved_model(model, args.export_dir)`` on every node (the chief
 keeps it). Any node failure raises :class:`~tfonspark.errors.NodeFailed` with the node's
 traceback; the cluster is stopped either way. With ``maxRestarts`` > 0 a failed cluster is
 started again instead (``args.max_restarts``; ``train_fn`` resumes from ``model_dir``, and the

@@ -45,6 +45,9 @@ binary (and arrays of them) may be used; features not in the schema are ignored.
 The package, bottom up: :mod:`.crc` (masked CRC-32C), :mod:`.records` (record framing, files),
 :mod:`.example` (the Example message; Arrow <-> Example codec), :mod:`.infer` (schema
 inference), :mod:`.jobs` (the Spark jobs). Paths and file systems are :mod:`tfonspark.fs`'s.
+
+This package is the one door to these names; TFoS's spellings (``saveAsTFRecords``,
+``loadTFRecords``, ``isLoadedDF``, ``loadedDF``) are aliases in :mod:`tfonspark.dfutil`.
 """
 
 from __future__ import annotations
@@ -57,24 +60,12 @@ from .records import read_tfrecord_file, write_tfrecord_file
 __all__ = [
     "crc32c",
     "infer_schema",
-    "isLoadedDF",
     "is_loaded_df",
-    "loadTFRecords",
     "load_tfrecords",
     "loaded_dfs",
     "loaded_from",
     "masked_crc32c",
     "read_tfrecord_file",
-    "saveAsTFRecords",
     "save_tfrecords",
     "write_tfrecord_file",
 ]
-
-saveAsTFRecords = save_tfrecords
-"""TFoS name of :func:`save_tfrecords`: ``saveAsTFRecords(df, output_dir)``."""
-
-loadTFRecords = load_tfrecords
-"""TFoS name of :func:`load_tfrecords`: ``loadTFRecords(sc, input_dir, binary_features=[])``."""
-
-isLoadedDF = is_loaded_df
-"""TFoS name of :func:`is_loaded_df`."""
