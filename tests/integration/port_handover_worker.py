@@ -168,7 +168,7 @@ def main(mode: str, out_path: str) -> None:
     for name, intruder in intruders.items():  # map_fun failed before stopping it
         if name not in seen["intruders"]:
             seen["intruders"][name] = _stop_intruder(intruder)
-    events = [json.loads(line) for line in status.getvalue().splitlines()]
+    events = [json.loads(line[1:]) for line in status.getvalue().splitlines()]  # J + a typed event
     with open(out_path, "w") as f:
         json.dump({"code": code, "events": events, **seen}, f)
 

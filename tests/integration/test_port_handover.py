@@ -36,7 +36,7 @@ def test_no_other_process_can_take_the_port_before_the_tf_server_binds_it(mode, 
     )
     assert proc.returncode == 0 and out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    errors = [event["traceback"] for event in result["events"] if event["event"] == "error"]
+    errors = [event["traceback"] for event in result["events"] if event["type"] == "process_error"]
     assert result["code"] == 0 and not errors, errors
     plain, reuseaddr = result["intruders"]["plain"], result["intruders"]["reuseaddr"]
     # the plain intruder (the issue's) spun from the reservation until the server was up, through

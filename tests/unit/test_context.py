@@ -314,7 +314,7 @@ def test_reporter_survives_a_sender_that_fails():
 
 
 def test_the_tf_process_sends_reports_as_node_events_to_its_supervisor():
-    """entry.py's reporter writes the status line that the supervisor relays as NodeEvent("report")."""
+    """entry.py's reporter writes the status line that the supervisor relays as a Reported event."""
     import io
 
     from tfonspark.tfprocess import entry
@@ -325,7 +325,7 @@ def test_the_tf_process_sends_reports_as_node_events_to_its_supervisor():
     assert reporter.flush(5)
     line = status.getvalue()
     assert line.endswith("\n") and line.count("\n") == 1
-    assert json.loads(line) == {"event": "node_event", "kind": "report", "detail": {"step": 1, "loss": 0.5}}
+    assert json.loads(line[1:]) == {"type": "reported", "metrics": {"step": 1, "loss": 0.5}}
 
 
 def test_reporter_needs_room_for_one():

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def server_and_events():
     events: list[tuple[str, dict]] = []
-    server = FeedServer(SECRET, buffer_bytes=4 * MB, on_event=lambda kind, detail: events.append((kind, detail)))
+    server = FeedServer(SECRET, buffer_bytes=4 * MB, on_event=lambda event: events.append((event.TYPE, dict(vars(event)))))
     yield server, events
     server.close()
 

@@ -24,6 +24,7 @@ from tfonspark.config import InputMode, NodeConfig
 from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess import entry
+from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 from tfonspark.wire.bootstrap import write_bootstrap
@@ -78,30 +79,28 @@ def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
     sup = Supervisor(_config(), 3, [], b"")
     sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
     lines = [
-        {"event": "feed", "data_path": "/tmp/tfos-feed-x/feed.sock"},
-        "not json at all",
-        {"event": "node_event", "kind": "feed_stalled", "detail": {"partition": 4, "timeout": 9.0}},
-        {
-            "event": "up",
-            "host": "10.0.0.7",
-            "data_port": 5555,
-            "data_path": "/tmp/tfos-feed-x/feed.sock",
-            "tensorboard_url": "http://10.0.0.7:6006",
-        },
-        {"event": "node_event", "kind": "odd", "detail": ["not", "a", "dict"]},
-        {"event": "error", "traceback": "Traceback: boom"},
+        ev.to_line(ev.FeedSocket("/tmp/tfos-feed-x/feed.sock")),
+        "not json at all\n",
+        ev.to_line(ev.FeedStalled("f1", 4, timeout=9.0)),
+        ev.to_line(ev.ProcessUp("10.0.0.7", 5555, "/tmp/tfos-feed-x/feed.sock", "http://10.0.0.7:6006")),
+        'J{"type": "odd", "detail": ["not", "a", "dict"]}\n',  # no such event: skipped
+        'J{"type": "feed_stalled", "partition": "4"}\n',  # malformed: skipped
+        ev.to_line(m.Heartbeat()),  # not a status line: skipped
+        ev.to_line(ev.ProcessError("Traceback: boom")),
     ]
-    text = "".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines)
+    text = "".join(lines)
     assert sup.data_path == ""
     error = sup._relay_status(sup_end, io.StringIO(text))
     assert error == "Traceback: boom"
     assert sup.data_path == "/tmp/tfos-feed-x/feed.sock"
-    got = [m.recv_message(drv_end) for _ in range(3)]
-    assert got[0] == m.NodeEvent(3, "feed_stalled", {"partition": 4, "timeout": 9.0})
+    got = [m.recv_message(drv_end) for _ in range(2)]
+    assert got[0] == ev.FeedStalled("f1", 4, timeout=9.0)
     assert got[1] == m.NodeUp(3, 4242, "10.0.0.7", 5555, "http://10.0.0.7:6006", "/tmp/tfos-feed-x/feed.sock")
-    assert got[2] == m.NodeEvent(3, "odd", {})
+    drv_end.settimeout(0.2)
+    with pytest.raises(OSError):  # nothing else was relayed
+        m.recv_message(drv_end)
     out = capsys.readouterr().out
-    assert STATUS_PREFIX + json.dumps({"event": "up", "tf_pid": 4242}) in out
+    assert STATUS_PREFIX + ev.to_line(ev.TaskUp(4242)) in out
 
 
 def test_relay_outlives_a_driver_that_is_gone(pair):
@@ -109,12 +108,8 @@ def test_relay_outlives_a_driver_that_is_gone(pair):
     drv_end.close()
     sup = Supervisor(_config(), 0, [], b"")
     sup.proc = types.SimpleNamespace(pid=1)  # type: ignore[assignment]
-    lines = [
-        {"event": "node_event", "kind": "k", "detail": {}},
-        {"event": "up", "host": "h", "data_port": 0},
-        {"event": "error", "traceback": "tb"},
-    ]
-    status = io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
+    lines = [ev.FeedTerminated(), ev.ProcessUp("h", 0), ev.ProcessError("tb")]
+    status = io.StringIO("".join(ev.to_line(x) for x in lines))
     assert sup._relay_status(sup_end, status) == "tb"  # no exception: _listen handles the loss
 
 
@@ -244,8 +239,8 @@ def _header(config: NodeConfig, port_sock: socket.socket) -> dict:
     }
 
 
-def _events(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
+def _events(text: str) -> list[m.Message]:
+    return [ev.from_line(line) for line in text.splitlines()]
 
 
 def test_entry_closes_the_feed_server_when_the_payload_cannot_be_unpickled(reset_entry_state):
@@ -257,8 +252,9 @@ def test_entry_closes_the_feed_server_when_the_payload_cannot_be_unpickled(reset
         with pytest.raises(ZeroDivisionError):
             entry.run(header, _payload(lambda args, ctx: None, _Unpicklable()), status)
     events = _events(status.getvalue())
-    assert [e["event"] for e in events] == ["feed"]  # told before anything could fail
-    path = events[0]["data_path"]
+    assert [type(e) for e in events] == [ev.FeedSocket]  # told before anything could fail
+    assert isinstance(events[0], ev.FeedSocket)
+    path = events[0].data_path
     assert path.endswith("feed.sock") and not os.path.exists(os.path.dirname(path))
     assert _feed_dirs() == before and entry._State.feed_path == ""
 
@@ -274,32 +270,29 @@ def test_entry_binds_the_feed_server_to_the_bind_host(reset_entry_state, tmp_pat
         port_sock.bind(("127.0.0.1", 0))
         header = _header(_config(input_mode=InputMode.SPARK, bind_host=bind_host), port_sock)
         assert entry.run(header, _payload(map_fun, str(tmp_path / "bound")), status) == 0
-    up = [e for e in _events(status.getvalue()) if e["event"] == "up"][0]
+    up = next(e for e in _events(status.getvalue()) if isinstance(e, ev.ProcessUp))
     bound = json.loads((tmp_path / "bound").read_text())
     assert bound[0] == bound_to
-    assert up["host"] == "127.0.0.1" and up["data_port"] == bound[1]  # never the wildcard
-    assert not os.path.exists(os.path.dirname(up["data_path"]))
+    assert up.host == "127.0.0.1" and up.data_port == bound[1]  # never the wildcard
+    assert not os.path.exists(os.path.dirname(up.data_path))
 
 
 def test_feed_server_events_become_status_lines_from_any_thread():
     status = io.StringIO()
     sink = entry._event_sink(status)
     threads = [
-        threading.Thread(
-            target=lambda i=i: [sink("feed_stalled", {"n": i, "k": k, "x": "y" * 500}) for k in range(200)]
-        )
+        threading.Thread(target=lambda i=i: [sink(ev.FeedStalled("y" * 200, i, received=k)) for k in range(200)])
         for i in range(8)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    sink("odd", {"obj": object()})  # not JSON: reported as text, never raises
+    sink(ev.Reported({"obj": object()}))  # not JSON (ctx.report refuses it first): dropped, never raises
     events = _events(status.getvalue())
-    assert len(events) == 8 * 200 + 1
-    assert all(e["event"] == "node_event" for e in events)
-    assert events[0]["kind"] == "feed_stalled" and set(events[0]["detail"]) == {"n", "k", "x"}
-    assert events[-1]["detail"]["obj"].startswith("<object")
+    assert len(events) == 8 * 200
+    assert all(isinstance(e, ev.FeedStalled) for e in events)
+    assert sorted((e.partition, e.received) for e in events) == [(i, k) for i in range(8) for k in range(200)]
 
 
 def test_a_dead_supervisor_makes_the_tf_process_remove_its_socket(monkeypatch, reset_entry_state):
@@ -359,10 +352,10 @@ def test_tf_process_failing_before_map_fun_leaves_no_socket(driver, capsys):
     assert isinstance(exit_msg, m.NodeExit)
     assert exit_msg.exit_code == 1 and "ZeroDivisionError" in exit_msg.traceback
     assert fake.of(m.NodeUp) == []
-    assert sup.data_path.endswith("feed.sock")  # the early "feed" event reached the supervisor
+    assert sup.data_path.endswith("feed.sock")  # the early FeedSocket event reached the supervisor
     assert not os.path.exists(os.path.dirname(sup.data_path))
     assert _feed_dirs() == before
-    assert '"event": "exit"' in capsys.readouterr().out
+    assert '"type":"task_exit"' in capsys.readouterr().out
 
 
 def _sleeper(args, ctx):
@@ -425,7 +418,7 @@ def test_a_silent_driver_gets_the_tf_process_stopped(driver, tmp_path):
         assert not _alive(up.tf_pid)
         assert not os.path.exists(os.path.dirname(up.data_path))
         assert proc.stdout is not None
-        assert '"stopped": true' in proc.stdout.read().decode()
+        assert '"stopped":true' in proc.stdout.read().decode()
     finally:
         with contextlib.suppress(OSError):
             proc.kill()
@@ -444,18 +437,18 @@ def test_status_reader_sees_lines_that_arrive_together_across_waits():
 
     proc = _printer(
         "import time\n"
-        "print('noise'); print('TFOS-STATUS {\"event\": \"up\"}'); "
-        'print(\'TFOS-STATUS {"event": "exit", "exit_code": 0}\', flush=True)\n'
+        'print(\'noise\'); print(\'TFOS-STATUS J{"type": "task_up", "tf_pid": 7}\'); '
+        'print(\'TFOS-STATUS J{"type": "task_exit", "exit_code": 0}\', flush=True)\n'
         "time.sleep(30)"
     )
     try:
         reader = _StatusReader(proc)
         first = next(iter(reader.events(time.monotonic() + 20)))
-        assert first == {"event": "up"}
+        assert first == ev.TaskUp(7)
         # the second line came in the same read; a new wait must not block on the descriptor
         start = time.monotonic()
         second = next(iter(reader.events(time.monotonic() + 20)))
-        assert second == {"event": "exit", "exit_code": 0} and time.monotonic() - start < 1
+        assert second == ev.TaskExit(0) and time.monotonic() - start < 1
         start = time.monotonic()
         assert list(reader.events(time.monotonic() + 0.5)) == []  # bounded by its deadline
         assert time.monotonic() - start < 2
@@ -470,7 +463,7 @@ def test_start_node_runs_a_node_to_its_exit(driver):
     fake = driver(heartbeat_secs=0.2)
     config = _config(driver_port=fake.port, heartbeat_secs=0.2)
     result = start_node(config, 0, _payload(lambda args, ctx: None, None), [], wait_for_exit=True)
-    assert result["event"] == "exit" and result["exit_code"] == 0 and result["executor_id"] == 0
+    assert result == ev.TaskExit(0, stopped=False, traceback="")
     assert isinstance(fake.wait_for(m.NodeExit), m.NodeExit)
 
 
@@ -536,8 +529,8 @@ def test_a_bad_node_setting_fails_the_node_before_it_registers(driver, monkeypat
     assert proc.stdout is not None
     out = proc.stdout.read()
     proc.wait(timeout=60)
-    status = [json.loads(line[len(STATUS_PREFIX) :]) for line in out.decode().splitlines()]
-    assert proc.returncode == 1 and status[-1]["event"] == "failed"
-    assert "TENSORBOARD_PORT must be an integer port" in status[-1]["reason"]
-    assert "(from the node's environment)" in status[-1]["reason"]
+    status = [ev.from_line(line[len(STATUS_PREFIX) :]) for line in out.decode().splitlines()]
+    assert proc.returncode == 1 and isinstance(status[-1], ev.TaskFailed)
+    assert "TENSORBOARD_PORT must be an integer port" in status[-1].reason
+    assert "(from the node's environment)" in status[-1].reason
     assert fake.of(m.Register) == []

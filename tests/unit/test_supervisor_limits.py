@@ -19,6 +19,7 @@ from tfonspark.executor import supervisor as supervisor_module
 from tfonspark.executor.supervisor import MAX_EVENT_BYTES, MAX_STATUS_LINE, Supervisor
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess.report import MAX_REPORT_BYTES, report_payload
+from tfonspark.wire import events as ev
 from tfonspark.wire import messages as m
 
 from .test_supervisor import SECRET_HEX, _config
@@ -101,9 +102,9 @@ class _Status(io.StringIO):
         return line
 
 
-def _line(event: str, **fields) -> str:
-    """A status line as tfprocess/entry.py writes it."""
-    return json.dumps({"event": event, **fields}, default=str) + "\n"
+def _line(event_type: str, **fields) -> str:
+    """A status line as the TF process may write it: ``J`` and a typed event (spaces after separators)."""
+    return "J" + json.dumps({"type": event_type, **fields}) + "\n"
 
 
 def _relay(pair, lines: list[str]) -> tuple[str, list[m.Message], _Status]:
@@ -129,12 +130,12 @@ def _relay(pair, lines: list[str]) -> tuple[str, list[m.Message], _Status]:
 def test_an_overlong_status_line_is_skipped_with_an_error_and_the_relay_goes_on(pair, caplog):
     """A 5 MiB line (a feeder's 5 MiB feed_id in an epoch mark) neither reaches the driver nor
     sits in the supervisor's memory whole; the events after it are relayed."""
-    huge = _line("node_event", kind="epoch_read", detail={"feed_id": "f" * (5 * 1024 * 1024), "epoch": 0})
-    after = {"partition": 1, "timeout": 9.0}
-    lines = [huge, _line("node_event", kind="feed_stalled", detail=after), _line("error", traceback="tb")]
+    huge = _line("epoch_read", feed_id="f" * (5 * 1024 * 1024), epoch=0)
+    after = ev.FeedStalled("f1", 1, timeout=9.0)
+    lines = [huge, ev.to_line(after), _line("process_error", traceback="tb")]
     with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
         error, got, status = _relay(pair, lines)
-    assert got == [m.NodeEvent(2, "feed_stalled", after)]
+    assert got == [after]
     assert error == "tb"
     assert status.longest <= MAX_STATUS_LINE + 1
     (record,) = caplog.records
@@ -144,10 +145,10 @@ def test_an_overlong_status_line_is_skipped_with_an_error_and_the_relay_goes_on(
 
 def test_an_event_over_max_event_bytes_is_dropped_with_an_error(pair, caplog):
     big = {"feed_id": "f" * (MAX_EVENT_BYTES + 1), "epoch": 0}  # within a status line, over an event
-    lines = [_line("node_event", kind="epoch_read", detail=big), _line("node_event", kind="report", detail={"a": 1})]
+    lines = [_line("epoch_read", **big), _line("reported", metrics={"a": 1})]
     with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
         error, got, _ = _relay(pair, lines)
-    assert got == [m.NodeEvent(2, "report", {"a": 1})] and error == ""
+    assert got == [ev.Reported({"a": 1})] and error == ""
     (record,) = caplog.records
     assert "'epoch_read' event of" in record.getMessage() and f"at most {MAX_EVENT_BYTES}" in record.getMessage()
 
@@ -157,26 +158,26 @@ def test_the_largest_report_ctx_report_allows_is_relayed():
     filler = MAX_REPORT_BYTES - len(json.dumps({"x": ""}, separators=(",", ":")))
     for detail in ({"x": "é" * (filler // 6)}, {"x": "a" * filler}):  # non-ASCII: six bytes each as JSON
         payload = report_payload(detail)  # the TF process's own check passes
-        event = m.NodeEvent(2**31 - 1, "report", payload)
+        event = ev.Reported(payload)
         assert len(m.encode(event)) <= MAX_EVENT_BYTES
 
 
 def test_a_largest_report_line_reaches_the_driver(pair):
     detail = {"x": [0] * (MAX_REPORT_BYTES // 2 - 8)}  # ", " between items: a line far longer than the JSON
     report_payload(detail)
-    error, got, _ = _relay(pair, [_line("node_event", kind="report", detail=detail)])
-    assert got == [m.NodeEvent(2, "report", detail)]
+    error, got, _ = _relay(pair, [_line("reported", metrics=detail)])
+    assert got == [ev.Reported(detail)]
 
 
 def test_an_overlong_traceback_still_ends_the_relay(pair, caplog):
-    lines = [_line("error", traceback="x" * (MAX_STATUS_LINE + 10)), _line("node_event", kind="k", detail={})]
+    lines = [_line("process_error", traceback="x" * (MAX_STATUS_LINE + 10)), _line("feed_terminated")]
     with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
         error, got, _ = _relay(pair, lines)
-    assert error == "" and got == [m.NodeEvent(2, "k", {})]  # the driver shows the output tail instead
+    assert error == "" and got == [ev.FeedTerminated()]  # the driver shows the output tail instead
     assert "skipped a status line" in caplog.text
 
 
 def test_a_last_line_without_a_newline_is_read():
-    status = io.StringIO(_line("error", traceback="tb").rstrip("\n"))
+    status = io.StringIO(_line("process_error", traceback="tb").rstrip("\n"))
     sup = Supervisor(_config(), 2, [], b"")
     assert sup._relay_status(None, status) == "tb"  # type: ignore[arg-type]

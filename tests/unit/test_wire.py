@@ -20,6 +20,7 @@ import pytest
 
 from tfonspark.errors import AuthenticationError, ProtocolError
 from tfonspark.wire import bootstrap
+from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
@@ -545,7 +546,18 @@ EXAMPLES = [
     m.ClusterReady(job_name="worker", task_index=1, cluster_spec={"ps": ["h:1"], "worker": ["h:2", "h:3"]}),
     m.Reject(reason="no such executor: ünïcødé"),
     m.Heartbeat(),
-    m.NodeEvent(executor_id=1, kind="feed_stalled", detail={"partition": 3, "seconds": 2.5}),
+    ev.FeedStalled(feed_id="f1", partition=3, received=16, timeout=2.5, train=False),
+    ev.Reported(metrics={"loss": 0.5, "step": 3, "tags": ["a"]}),
+    ev.EpochRead(feed_id="f1", epoch=2),
+    ev.TaskExit(exit_code=-9, stopped=True, traceback="tb"),
+    ev.FeedTerminated(),
+    ev.FeedRefused(feed_id="f1", partition=2, reason="delivered already"),
+    ev.FeedSocket(data_path="/tmp/tfos-feed-x/feed.sock"),
+    ev.ProcessUp(host="10.0.0.7", data_port=5555, data_path="", tensorboard_url="http://x"),
+    ev.ProcessError(traceback="Traceback (most recent call last):\n  ..."),
+    ev.TaskUp(tf_pid=99),
+    ev.TaskFailed(reason="stopped (SIGTERM) before the TF process started"),
+    ev.TaskRejected(reason="executor id 7 is not part of this cluster"),
     m.NodeUp(
         executor_id=1,
         tf_pid=99,

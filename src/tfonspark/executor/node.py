@@ -9,24 +9,22 @@ only when the node could not be started at all.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ..config import InputMode, NodeConfig
-from ..errors import ClusterError
+from ..errors import ClusterError, ProtocolError
 from ..host import executor_pid
+from ..wire import events as ev
 from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
 from .gpus import check_request, spark_addresses
 
 __all__ = ["node_task", "start_node"]
 
-_FINAL = ("exit", "rejected", "failed")
 _POLL_SECS = 5.0  # how often a quiet wait checks that the supervisor still runs
 _REAP_SECS = 10.0  # how long a supervisor told to stop may take to exit
 
@@ -46,7 +44,7 @@ class _StatusReader:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def events(self, deadline: float | None) -> Iterator[dict[str, Any]]:
+    def events(self, deadline: float | None) -> Iterator[ev.TaskStatus]:
         """Events until EOF, until the supervisor has exited, or until ``deadline``."""
         with selectors.DefaultSelector() as sel:
             sel.register(self.fd, selectors.EVENT_READ)
@@ -55,8 +53,10 @@ class _StatusReader:
                     raw, self._pending = self._pending.split(b"\n", 1)
                     text = raw.decode("utf-8", "replace")
                     if text.startswith(STATUS_PREFIX):
-                        with contextlib.suppress(ValueError):
-                            yield json.loads(text[len(STATUS_PREFIX) :])
+                        with contextlib.suppress(ProtocolError):
+                            status = ev.from_line(text[len(STATUS_PREFIX) :], ev.TaskStatus)
+                            assert isinstance(status, ev.TaskStatus)
+                            yield status
                 left = _POLL_SECS if deadline is None else min(_POLL_SECS, deadline - time.monotonic())
                 if left <= 0:
                     return
@@ -112,8 +112,8 @@ def _spawn_supervisor(config: NodeConfig, executor_id: int, payload: bytes, gpus
 
 def start_node(
     config: NodeConfig, executor_id: int, payload: bytes, gpus: list[str], wait_for_exit: bool
-) -> dict[str, Any]:
-    """Spawn a supervisor for ``executor_id``; return its last status event.
+) -> ev.TaskStatus:
+    """Spawn a supervisor for ``executor_id``; return its last status (``TaskUp`` or ``TaskExit``).
 
     Start-up (registration, the cluster, the TF process coming up) is bounded by the driver's
     two ``reservation_timeout`` waits plus a margin; past that the supervisor is stopped and
@@ -123,41 +123,46 @@ def start_node(
     proc = _spawn_supervisor(config, executor_id, payload, gpus)
     reader = _StatusReader(proc)
     startup_secs = 2 * config.reservation_timeout + 120
-    last: dict[str, Any] = {"event": "none"}
+    last: ev.TaskStatus | None = None
     try:
-        for event in reader.events(time.monotonic() + startup_secs):
-            last = event
-            if event["event"] in _FINAL or (event["event"] == "up" and not wait_for_exit):
+        for status in reader.events(time.monotonic() + startup_secs):
+            last = status
+            if not isinstance(status, ev.TaskUp) or not wait_for_exit:  # every other status is the last
                 break
-        if last["event"] == "up" and wait_for_exit:
-            for event in reader.events(None):
-                last = event
-        if last["event"] in ("rejected", "failed"):
-            raise ClusterError(f"executor {executor_id}: node could not start: {last.get('reason')}")
-        if last["event"] not in ("up", "exit"):
-            code = proc.poll()
-            if code is None and not reader.eof:
-                _stop_supervisor(proc)
-                raise ClusterError(
-                    f"executor {executor_id}: node did not start within {startup_secs:.0f}s; its supervisor was stopped"
-                )
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = proc.wait(timeout=_REAP_SECS)
-            raise ClusterError(
-                f"executor {executor_id}: the node's supervisor exited without reporting (exit code {code})"
-            )
+        if isinstance(last, ev.TaskUp) and wait_for_exit:
+            for status in reader.events(None):
+                last = status
+        if isinstance(last, (ev.TaskRejected, ev.TaskFailed)):
+            raise ClusterError(f"executor {executor_id}: node could not start: {last.reason}")
+        if not isinstance(last, (ev.TaskUp, ev.TaskExit)):
+            raise _silent_supervisor(proc, reader, executor_id, startup_secs)
     finally:
         reader.close()
-    if last["event"] == "exit":
+    if isinstance(last, ev.TaskExit):
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_REAP_SECS)  # reap it: it exits right after reporting
-    return {"executor_id": executor_id, **last}
+    return last
 
 
-def node_task(config: NodeConfig, payload: bytes) -> Callable[[Iterator[int]], Iterator[dict[str, Any]]]:
+def _silent_supervisor(
+    proc: subprocess.Popen[bytes], reader: _StatusReader, executor_id: int, startup_secs: float
+) -> ClusterError:
+    """The error for a supervisor that said nothing final: stopped if it still runs, reaped if not."""
+    code = proc.poll()
+    if code is None and not reader.eof:
+        _stop_supervisor(proc)
+        return ClusterError(
+            f"executor {executor_id}: node did not start within {startup_secs:.0f}s; its supervisor was stopped"
+        )
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        code = proc.wait(timeout=_REAP_SECS)
+    return ClusterError(f"executor {executor_id}: the node's supervisor exited without reporting (exit code {code})")
+
+
+def node_task(config: NodeConfig, payload: bytes) -> Callable[[Iterator[int]], Iterator[ev.TaskStatus]]:
     """The ``mapPartitions`` function that starts the node(s) for the given executor ids."""
 
-    def run(executor_ids: Iterator[int]) -> Iterator[dict[str, Any]]:
+    def run(executor_ids: Iterator[int]) -> Iterator[ev.TaskStatus]:
         from pyspark import TaskContext
 
         task = TaskContext.get()

@@ -1,25 +1,26 @@
 """The supervisor: a small process (no TensorFlow) that owns one node's TF process.
 
 It reserves the node's port, registers with the driver, spawns the TF process, tees its output
-(keeping the tail for error reports), forwards its events ("up", feed-server events as
-``NodeEvent``) and its exit, and stops the TF process when the driver says so, when the driver
-connection drops, or when the driver stays silent for ``heartbeat_timeout`` (it sends a
-``Heartbeat`` every ``heartbeat_secs``, and so do we, from ``ClusterReady`` on). Because it, not
-the Spark task, is the TF process's parent, a TF process killed by a signal is still reported with
-its output tail, and its feed socket (announced by an early "feed" event) is removed. What the TF
-process writes is bounded before it is relayed: a status line by ``MAX_STATUS_LINE``, an event by
+(keeping the tail for error reports), forwards its events (``ProcessUp`` as ``NodeUp``, each
+``NodeEvent`` as it is: :mod:`..wire.events`) and its exit, and stops the TF process when the
+driver says so, when the driver connection drops, or when the driver stays silent for
+``heartbeat_timeout`` (it sends a ``Heartbeat`` every ``heartbeat_secs``, and so do we, from
+``ClusterReady`` on). Because it, not the Spark task, is the TF process's parent, a TF process
+killed by a signal is still reported with its output tail, and its feed socket (announced by an
+early ``FeedSocket`` event) is removed. What the TF process writes is bounded before it is
+relayed: a status line by ``MAX_STATUS_LINE``, an event by
 ``MAX_EVENT_BYTES`` (the driver holds every supervisor to the same limit).
 
 Run as ``python -m tfonspark.executor.supervisor --cluster ID --executor N``; the arguments only
 label the process for ``ps`` (and for tests that check nothing is left behind). The bootstrap
-arrives on stdin; status lines (``TFOS-STATUS {json}``) go to stdout for the spawning task.
+arrives on stdin; status lines (``TFOS-STATUS`` and a ``TaskStatus`` event) go to stdout for the
+spawning task.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -30,13 +31,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO
 
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..errors import ConfigError, ProtocolError
 from ..host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
 from ..settings import COLLECTIVE_ENV
+from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.bootstrap import STATUS_PREFIX, read_bootstrap, write_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
@@ -47,8 +49,8 @@ from .gpus import cuda_env
 TAIL_LINES = 60
 MAX_EVENT_BYTES = 65 * 1024
 """The largest ``NodeEvent`` a supervisor relays and the driver accepts, JSON-encoded as sent: a
-report of ``tfprocess.report.MAX_REPORT_BYTES`` (64 KiB) and its envelope (type, executor id,
-kind). The supervisor drops a larger one with an error in its log; so does the driver."""
+report of ``tfprocess.report.MAX_REPORT_BYTES`` (64 KiB) and its envelope (its type). The
+supervisor drops a larger one with an error in its log; so does the driver."""
 MAX_STATUS_LINE = 1024 * 1024
 """The longest status line read from the TF process (an error's traceback is the longest one
 that is legitimate). A longer line is skipped, not read into memory, with an error in the log;
@@ -61,10 +63,10 @@ _SKIP_CHUNK = 64 * 1024  # how an overlong status line is read past
 log = logging.getLogger(__name__)
 
 
-def _status(event: str, **fields: Any) -> None:
+def _status(status: ev.TaskStatus) -> None:
     """Tell the spawning Spark task what happened; it may have gone already (SPARK mode)."""
     try:
-        sys.stdout.write(STATUS_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.write(STATUS_PREFIX + ev.to_line(status))
         sys.stdout.flush()
     except (BrokenPipeError, ValueError, OSError):
         pass
@@ -111,7 +113,7 @@ class Supervisor:
         )
         reply = self._await_cluster(conn)
         if isinstance(reply, m.Reject):
-            _status("rejected", reason=reply.reason)
+            _status(ev.TaskRejected(reply.reason))
             return 2
         assert isinstance(reply, m.ClusterReady)
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True, name="tfos-heartbeat").start()
@@ -159,7 +161,7 @@ class Supervisor:
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], stopped)
         with contextlib.suppress(OSError):
             m.send_message(conn, exit_msg)
-        _status("exit", exit_code=code, stopped=stopped, traceback=error)
+        _status(ev.TaskExit(code, stopped, error))
         return 0
 
     def _watch_executor(self) -> None:
@@ -179,7 +181,7 @@ class Supervisor:
         text = f"{type(error).__name__}: {error}"
         self.done.set()  # stops the heartbeats
         self._send(conn, m.NodeExit(self.executor_id, 1, text, "", False))
-        _status("exit", exit_code=1, stopped=False, traceback=text)
+        _status(ev.TaskExit(1, False, text))
         return 0
 
     def _await_cluster(self, conn: Connection) -> m.Message:
@@ -259,52 +261,58 @@ class Supervisor:
         """Forward the TF process's events to the driver; return the traceback it reports, if any.
 
         Ends when the TF process exits (EOF on the status pipe). A driver that is gone is
-        handled by ``_listen``; sends that fail here are dropped.
+        handled by ``_listen``; sends that fail here are dropped. A malformed line is skipped.
         """
         error = ""
         for line in _status_lines(status):
             try:
-                event = json.loads(line)
-                kind = event["event"]
-            except (ValueError, TypeError, KeyError):
+                event = ev.from_line(line, ev.FeedSocket, ev.ProcessUp, ev.ProcessError, ev.NodeEvent)
+            except ProtocolError as exc:
+                log.error("tfonspark supervisor: skipped a status line from the TF process: %s", exc)
                 continue
-            if kind == "feed":  # the feed socket exists: ours to remove if the TF process dies
-                self.data_path = str(event.get("data_path") or "")
-            elif kind == "up":
-                assert self.proc is not None
-                up = m.NodeUp(
-                    self.executor_id,
-                    self.proc.pid,
-                    str(event["host"]),
-                    int(event["data_port"]),
-                    str(event.get("tensorboard_url", "")),
-                    str(event.get("data_path", "")),
-                    list(self.gpus),
-                )
-                self.data_path = up.data_path or self.data_path
-                self._send(conn, up)
-                _status("up", tf_pid=self.proc.pid)
-            elif kind == "node_event":
-                detail = event.get("detail")
-                node_event = m.NodeEvent(
-                    self.executor_id, str(event.get("kind", "")), detail if isinstance(detail, dict) else {}
-                )
-                payload = m.encode(node_event)
-                if len(payload) > MAX_EVENT_BYTES:
-                    log.error(
-                        "tfonspark supervisor: dropped a %r event of %d bytes from the TF process; an event may "
-                        "be at most %d bytes (MAX_EVENT_BYTES). Received: %r...",
-                        node_event.kind[:64],
-                        len(payload),
-                        MAX_EVENT_BYTES,
-                        payload[:120].decode("utf-8", "replace"),
-                    )
-                    continue
-                with contextlib.suppress(OSError, ProtocolError):
-                    conn.send(payload)
-            elif kind == "error":
-                error = str(event.get("traceback", ""))
+            match event:
+                case ev.FeedSocket(data_path=path):  # ours to remove if the TF process dies
+                    self.data_path = path
+                case ev.ProcessUp():
+                    self._node_up(conn, event)
+                case ev.NodeEvent():
+                    self._relay(conn, event)
+                case ev.ProcessError(traceback=text):
+                    error = text
         return error
+
+    def _node_up(self, conn: Connection, event: ev.ProcessUp) -> None:
+        """The TF process is ready: tell the driver where its feed listens, and the task that it runs."""
+        assert self.proc is not None
+        up = m.NodeUp(
+            self.executor_id,
+            self.proc.pid,
+            event.host,
+            event.data_port,
+            event.tensorboard_url,
+            event.data_path,
+            list(self.gpus),
+        )
+        self.data_path = up.data_path or self.data_path
+        self._send(conn, up)
+        _status(ev.TaskUp(self.proc.pid))
+
+    @staticmethod
+    def _relay(conn: Connection, event: ev.NodeEvent) -> None:
+        """Send one node event on to the driver, unless it is over ``MAX_EVENT_BYTES``."""
+        payload = m.encode(event)
+        if len(payload) > MAX_EVENT_BYTES:
+            log.error(
+                "tfonspark supervisor: dropped a %r event of %d bytes from the TF process; an event may "
+                "be at most %d bytes (MAX_EVENT_BYTES). Received: %r...",
+                event.TYPE,
+                len(payload),
+                MAX_EVENT_BYTES,
+                payload[:120].decode("utf-8", "replace"),
+            )
+            return
+        with contextlib.suppress(OSError, ProtocolError):
+            conn.send(payload)
 
     @staticmethod
     def _send(conn: Connection, message: m.Message) -> None:
@@ -373,7 +381,7 @@ class Supervisor:
         Runs in the main thread between bytecodes, so it sees ``_spawning``/``proc`` consistent.
         """
         if not self._spawning:  # registering or waiting for the cluster: nothing to clean up
-            _status("failed", reason="stopped (SIGTERM) before the TF process started")
+            _status(ev.TaskFailed("stopped (SIGTERM) before the TF process started"))
             os._exit(1)
         if self.proc is None:  # being spawned: _run stops it right after
             self.stopping = True
@@ -420,7 +428,7 @@ def main() -> int:
         # driver resolved their default; a bad one fails the node before it registers
         config = NodeConfig.from_json(header["config"]).on_node()
     except Exception as exc:
-        _status("failed", reason=f"{type(exc).__name__}: {exc}")
+        _status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     supervisor = Supervisor(
         config,
@@ -433,7 +441,7 @@ def main() -> int:
     try:
         return supervisor.run()
     except Exception as exc:  # report anything to the task that spawned us, then fail
-        _status("failed", reason=f"{type(exc).__name__}: {exc}")
+        _status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
         return 1
 
 

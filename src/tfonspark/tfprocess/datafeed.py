@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import FeedError, InputError
 from ..wire.codec import ColumnBatch, pack_rows
+from ..wire.events import EpochRead
 from .feedserver import END_FEED, EpochMark, FeedServer, Stream
 from .localfeed import LocalFeeds
 
@@ -135,7 +136,7 @@ class DataFeed:
                 return False
             if isinstance(item, EpochMark):  # the driver re-feeds from the first epoch not read through
                 if isinstance(self.server, FeedServer):
-                    self.server.on_event("epoch_read", {"feed_id": item.feed_id, "epoch": item.epoch})
+                    self.server.on_event(EpochRead(item.feed_id, item.epoch))
                 continue
             if item is None:  # partition boundary
                 if stream is not None:

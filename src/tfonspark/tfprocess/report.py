@@ -1,8 +1,8 @@
 """``ctx.report({...})``: metrics from a TF node to the driver, over the supervisor's channel.
 
-The path: :class:`Reporter` writes a ``node_event`` status line (kind ``report``) to the
-supervisor (``tfprocess/entry.py``), the supervisor relays it to the driver as a
-:class:`~tfonspark.wire.messages.NodeEvent` on its authenticated connection, and the driver
+The path: :class:`Reporter` writes a :class:`~tfonspark.wire.events.Reported` status line to
+the supervisor (``tfprocess/entry.py``), the supervisor relays that event to the driver on its
+authenticated connection, and the driver
 hands it to ``tfonspark.run(..., on_report=...)`` and keeps it in ``cluster.reports``
 (:mod:`tfonspark.driver.reports`). So a report costs no extra connection, port or secret.
 

@@ -2,7 +2,7 @@
 
 A payload starts with one kind byte: ``J`` a JSON message from this module, ``B`` a columnar
 batch (see :mod:`.codec`). Unknown kinds, types or fields are a :class:`ProtocolError`; nothing
-on the control plane is ever unpickled.
+on the control plane is ever unpickled. The events nodes send are in :mod:`.events`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = [
     "FeedStart",
     "Heartbeat",
     "Message",
-    "NodeEvent",
     "NodeExit",
     "NodeUp",
     "Register",
@@ -34,6 +33,7 @@ __all__ = [
     "Terminate",
     "decode",
     "encode",
+    "message_class",
     "recv_message",
     "send_message",
 ]
@@ -51,7 +51,8 @@ class Message:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.TYPE] = cls
+        if "TYPE" in cls.__dict__ and cls.TYPE:  # a base class without its own TYPE is never sent
+            _REGISTRY[cls.TYPE] = cls
 
 
 @dataclass
@@ -119,19 +120,6 @@ class Heartbeat(Message):
     """
 
     TYPE: ClassVar[str] = "heartbeat"
-
-
-@dataclass
-class NodeEvent(Message):
-    """Supervisor -> driver: something the node reports while it runs (e.g. a stalled feed).
-
-    ``kind`` names the event (``feed_stalled``, ...); ``detail`` is a JSON object.
-    """
-
-    TYPE: ClassVar[str] = "node_event"
-    executor_id: int
-    kind: str
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -212,9 +200,13 @@ class ResultsEnd(Message):
     count: int
 
 
+def message_class(type_name: str) -> type[Message] | None:
+    """The message class sent as ``type_name``, if there is one."""
+    return _REGISTRY.get(type_name)
+
+
 def encode(message: Message) -> bytes:
-    body = dataclasses.asdict(message)
-    body["type"] = message.TYPE
+    body = {"type": message.TYPE, **dataclasses.asdict(message)}  # the type first: a cut line still says it
     return JSON_KIND + json.dumps(body, separators=(",", ":")).encode()
 
 
