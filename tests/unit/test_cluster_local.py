@@ -66,7 +66,8 @@ def test_every_failed_node_is_named_with_its_traceback(tmp_path):
 
 def test_driver_side_ps_nodes_are_stopped_at_shutdown():
     cluster = run(serve_until_stopped, {}, n=2, num_ps=1, driver_ps_nodes=True)
-    assert [(r.job_name, r.on_driver) for r in cluster.roles] == [("ps", True), ("worker", False)]
+    roles = [n.role for n in cluster.server.nodes.values()]
+    assert [(r.job_name, r.on_driver) for r in roles] == [("ps", True), ("worker", False)]
     start = time.monotonic()
     cluster.shutdown(grace_secs=1, timeout=60)
     assert time.monotonic() - start < 30
@@ -132,9 +133,9 @@ def test_terminated_feeds_count_as_done_while_the_nodes_still_run():
     cluster = run(terminate_then_work, {"sleep": 8}, input_mode=InputMode.SPARK)
     try:
         deadline = time.monotonic() + 6
-        while not cluster.all_done() and time.monotonic() < deadline:
+        while not cluster._attempts.gang.all_done() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert cluster.all_done(), "both nodes terminated their feed"
+        assert cluster._attempts.gang.all_done(), "both nodes terminated their feed"
         assert not any(n.finished for n in cluster.server.nodes.values()), "the nodes still run"
     finally:
         cluster.shutdown(timeout=60)

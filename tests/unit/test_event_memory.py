@@ -1,7 +1,7 @@
 """Driver memory over a long run (issue 21, row 4): 1,000,000 node events through the server.
 
 The events enter a real :class:`RendezvousServer` where a supervisor's do: its connection
-handler (``_follow``: decode, check, record), on its own thread; a :class:`Cluster`'s watcher
+handler (``_follow``: decode, check, record), on its own thread; a :class:`Gang`'s watcher
 takes them and hands the reports to a :class:`ReportLog`, as in ``tfonspark.run``. Only the
 socket and its HMAC are left out, which keep nothing per event, so that a million events take
 well under a minute on two shared cores (over a real socket the same run takes ~1 s per 25,000
@@ -21,9 +21,12 @@ import time
 
 import pytest
 
-from tfonspark.config import InputMode, NodeConfig
+from tfonspark.config import NodeConfig
 from tfonspark.driver import rendezvous, reports
-from tfonspark.driver.cluster import Cluster
+from tfonspark.driver.feeding import Feeds
+from tfonspark.driver.gang import Gang
+from tfonspark.driver.launcher import LocalLauncher
+from tfonspark.driver.node_events import NodeEvents
 from tfonspark.driver.plan import plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer
 from tfonspark.driver.reports import ReportLog
@@ -67,9 +70,9 @@ class _Supervisor:
         self.sent += 1
         if i % MARK_EVERY == MARK_EVERY - 1:
             detail = b'{"feed_id":"feed-%d","epoch":%d}' % (i // 1000, i % 1000 // MARK_EVERY)
-            return b'J{"executor_id":0,"kind":"epoch_read","detail":%s,"type":"node_event"}' % detail
+            return b'J{"type":"epoch_read",%s' % detail[1:]
         detail = b'{"step":%d,"loss":0.25,"accuracy":0.875,"pad":"%s"}' % (i, self.pad)
-        return b'J{"executor_id":0,"kind":"report","detail":%s,"type":"node_event"}' % detail
+        return b'J{"type":"reported","metrics":%s}' % detail
 
 
 def _rss() -> int:
@@ -90,7 +93,9 @@ def _run(total: int, warm_up: int, pad: int = 0) -> dict[str, float]:
     def on_report(report: reports.Report) -> None:
         handed[0] += 1
 
-    cluster = Cluster(FakeSparkContext(), plan_roles(1), server, config, InputMode.SPARK, ReportLog(on_report))
+    feeds = Feeds(FakeSparkContext(), SECRET.hex(), None)  # type: ignore[arg-type]  # no feed runs
+    on_event = NodeEvents(ReportLog(on_report), feeds)
+    gang = Gang(server, config, plan_roles(1), LocalLauncher(), on_event, feeds.cancel)
     node = server.nodes[0]
     node.address = "127.0.0.1:1"  # registered
     supervisor = _Supervisor(total, warm_up, pad)
@@ -105,7 +110,7 @@ def _run(total: int, warm_up: int, pad: int = 0) -> dict[str, float]:
     try:
         gc.collect()
         start = _rss()
-        cluster._watcher.start()
+        gang._watcher.start()
         follow.start()
         assert supervisor.paused.wait(60)
         handed_out(_reports_sent(warm_up), 60)
@@ -120,19 +125,19 @@ def _run(total: int, warm_up: int, pad: int = 0) -> dict[str, float]:
         gc.collect()
         after = _rss()
         marks_started = time.perf_counter()
-        marks = cluster._marks_read(server, f"feed-{(total - 1) // 1000}")
+        marks = gang.marks_read(f"feed-{(total - 1) // 1000}")
         marks_ms = (time.perf_counter() - marks_started) * 1e3
-        kept = cluster.reports
+        kept = on_event.reports.all()
     finally:
         supervisor.go.set()
-        cluster._closed = True
+        gang.closed = True
         server.close()
-        cluster._watcher.join(10)
+        gang._watcher.join(10)
     print(
         f"\n{total:,} events ({total - warm_up:,} after the warm-up; reports of {pad:,} bytes more) in "
         f"{took:.1f}s ({cpu:.1f}s CPU); driver RSS {start / MIB:.1f} MiB at the start, {before / MIB:.1f} "
         f"after {warm_up:,} events, {after / MIB:.1f} after {total:,}; {len(kept):,} reports kept; reports "
-        f"dropped by a lagging watcher: {getattr(server, 'dropped', 0)}; _marks_read {marks_ms:.3f} ms"
+        f"dropped by a lagging watcher: {getattr(server, 'dropped', 0)}; marks_read {marks_ms:.3f} ms"
     )
     assert marks == {"worker:0": (total - 1) % 1000 // MARK_EVERY}  # the last feed's last mark
     assert kept[-1].metrics["step"] == total - 1 - (total % MARK_EVERY == 0)  # the latest, in order

@@ -26,6 +26,7 @@ from tfonspark.driver.plan import build_cluster_spec, plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer, bind_server_socket
 from tfonspark.errors import AuthenticationError, ConfigError, ProtocolError
 from tfonspark.testing import free_ports
+from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
@@ -760,8 +761,8 @@ def test_node_events_are_recorded_in_order(make_server):
     conn = register(server, 0)
     try:
         assert isinstance(reply(conn), m.ClusterReady)
-        first = m.NodeEvent(0, "feed_stalled", {"partition": 3, "seconds": 2.5})
-        second = m.NodeEvent(0, "feed_resumed")
+        first = ev.FeedStalled("f1", 3, timeout=2.5)
+        second = ev.FeedRefused("f1", 4, "delivered already")
         m.send_message(conn, first)
         m.send_message(conn, m.Heartbeat())  # ignored
         m.send_message(conn, second)

@@ -18,6 +18,7 @@ from tfonspark.driver.plan import plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer
 from tfonspark.driver.reports import KEEP_BYTES, KEEP_REPORTS, ReportLog
 from tfonspark.executor.supervisor import MAX_EVENT_BYTES
+from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 
@@ -57,18 +58,18 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
     return bool(predicate())
 
 
-def _taken(server: RendezvousServer, conn: f.Connection) -> list[m.NodeEvent]:
+def _taken(server: RendezvousServer, conn: f.Connection) -> list[ev.NodeEvent]:
     """Every event the server hands out until what was sent on ``conn`` so far has been recorded."""
-    marker = {"n": time.perf_counter_ns()}
-    m.send_message(conn, m.NodeEvent(0, "sync", marker))
-    seen: list[m.NodeEvent] = []
+    marker = ev.Reported({"sync": time.perf_counter_ns()})
+    m.send_message(conn, marker)
+    seen: list[ev.NodeEvent] = []
 
     def synced() -> bool:
         seen.extend(event for _, event in server.take_events())
-        return any(e.kind == "sync" and e.detail == marker for e in seen)
+        return marker in seen
 
     assert wait_until(synced)
-    return [e for e in seen if e.kind != "sync"]
+    return [e for e in seen if e != marker]
 
 
 # ---- row 5: an oversize event or field is refused, and the node stays --------------------------------
@@ -77,58 +78,62 @@ def _taken(server: RendezvousServer, conn: f.Connection) -> list[m.NodeEvent]:
 def test_an_event_over_max_event_bytes_is_refused_and_the_node_stays(server, nodes, caplog):
     """Before: the driver kept a 1 MiB event (and a 5 MiB one broke the connection: node lost)."""
     conn = nodes[0]
-    big = m.NodeEvent(0, "report", {"blob": "x" * (1024 * 1024)})
+    big = ev.Reported({"blob": "x" * (1024 * 1024)})
     with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
         m.send_message(conn, big)
-        m.send_message(conn, m.NodeEvent(0, "report", {"loss": 0.5}))
+        m.send_message(conn, ev.Reported({"loss": 0.5}))
         got = _taken(server, conn)
-    assert got == [m.NodeEvent(0, "report", {"loss": 0.5})]
+    assert got == [ev.Reported({"loss": 0.5})]
     assert not server.failures() and not server.nodes[0].finished
     assert server.refused == 1
     message = caplog.records[0].getMessage()
-    assert "'report' event from node worker:0" in message
+    assert "'reported' event from node worker:0" in message
     assert f"{len(m.encode(big))} bytes" in message
     assert f"at most {MAX_EVENT_BYTES}" in message and "MAX_EVENT_BYTES" in message
 
 
 def test_a_largest_report_is_accepted(server, nodes):
     filler = 64 * 1024 - len(json.dumps({"x": ""}, separators=(",", ":")))
-    event = m.NodeEvent(0, "report", {"x": "a" * filler})
+    event = ev.Reported({"x": "a" * filler})
     m.send_message(nodes[0], event)
     assert _taken(server, nodes[0]) == [event]
 
 
 @pytest.mark.parametrize(
-    ("kind", "detail", "said"),
+    ("kind", "fields", "said"),
     [
         ("epoch_read", {"feed_id": "f" * 60_000, "epoch": 0}, "feed_id is a str of 60000 characters"),
         ("feed_stalled", {"feed_id": "f" * 300, "partition": 1}, "feed_id is a str of 300 characters"),
-        ("epoch_read", {"feed_id": ["not", "a", "str"], "epoch": 0}, "feed_id is a list"),
-        ("epoch_read", {"epoch": 0}, "feed_id is missing"),
-        ("epoch_read", {"feed_id": "f1", "epoch": "3"}, "epoch is '3'"),
-        ("epoch_read", {"feed_id": "f1", "epoch": True}, "epoch is True"),
-        ("epoch_read", {"feed_id": "f1", "epoch": -1}, "epoch is -1"),
-        ("feed_stalled", {"feed_id": "f1", "timeout": "soon"}, "timeout is 'soon'"),
-        ("feed_stalled", {"feed_id": "f1", "received": 1.5}, "received is 1.5"),
+        ("epoch_read", {"feed_id": ["not", "a", "str"], "epoch": 0}, "field feed_id must be str. Received: list"),
+        ("epoch_read", {"epoch": 0}, "missing 1 required positional argument: 'feed_id'"),
+        ("epoch_read", {"feed_id": "f1", "epoch": "3"}, "field epoch must be int. Received: str"),
+        ("epoch_read", {"feed_id": "f1", "epoch": True}, "field epoch must be int. Received: bool"),
+        ("epoch_read", {"feed_id": "f1", "epoch": -1}, "epoch is -1, and must be an int from 0 to 2**31 - 1"),
+        ("feed_stalled", {"feed_id": "f1", "partition": 1, "timeout": "soon"}, "field timeout must be float"),
+        ("feed_stalled", {"feed_id": "f1", "partition": 1, "received": 1.5}, "field received must be int"),
     ],
 )
-def test_a_bad_field_is_refused_with_what_was_received_and_what_is_valid(server, nodes, caplog, kind, detail, said):
+def test_a_bad_field_is_refused_with_what_was_received_and_what_is_valid(server, nodes, caplog, kind, fields, said):
     with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
-        m.send_message(nodes[0], m.NodeEvent(0, kind, detail))
+        nodes[0].send(b"J" + json.dumps({"type": kind, **fields}).encode())
         assert _taken(server, nodes[0]) == []
     message = caplog.records[0].getMessage()
     assert said in message and f"'{kind}' event from node worker:0" in message
-    assert ", and must be " in message or "is missing; epoch_read events carry feed_id and epoch" in message
     if "characters" in said:
-        assert "must be a str of at most 256 characters (MAX_FEED_ID)" in message
+        assert "must be at most 256 (MAX_FEED_ID)" in message
     assert server.refused == 1 and not server.failures()
     assert server.epochs_read("f1") == {}
+
+
+def test_a_malformed_message_that_is_no_event_still_loses_the_node(server, nodes):
+    nodes[0].send(b'J{"type": "node_up", "executor_id": "zero"}')
+    assert wait_until(lambda: server.nodes[0].lost)
 
 
 def test_refusals_are_logged_at_a_bounded_rate(server, nodes, caplog):
     with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
         for _ in range(50):
-            m.send_message(nodes[0], m.NodeEvent(0, "epoch_read", {"feed_id": 7, "epoch": 0}))
+            nodes[0].send(b'J{"type": "epoch_read", "feed_id": 7, "epoch": 0}')
         _taken(server, nodes[0])
     assert server.refused == 50
     assert len(caplog.records) == 10
@@ -138,26 +143,26 @@ def test_refusals_are_logged_at_a_bounded_rate(server, nodes, caplog):
 
 
 def test_events_are_handed_out_once_in_order_and_then_forgotten(server, nodes):
-    first = m.NodeEvent(0, "feed_stalled", {"partition": 3, "timeout": 2.5})
-    second = m.NodeEvent(1, "report", {"loss": 1.0})
-    third = m.NodeEvent(0, "report", {"loss": 0.5})
+    first = ev.FeedStalled("f1", 3, timeout=2.5)
+    second = ev.Reported({"loss": 1.0})
+    third = ev.Reported({"loss": 0.5})
     m.send_message(nodes[0], first)
     assert wait_until(lambda: server.event_count == 1)
     m.send_message(nodes[1], second)
     assert wait_until(lambda: server.event_count == 2)
     m.send_message(nodes[0], third)
     assert wait_until(lambda: server.event_count == 3)
-    assert server.has_events()
-    assert server.take_events() == [(server.nodes[0], first), (server.nodes[1], second), (server.nodes[0], third)]
-    assert not server.has_events() and server.take_events() == []
+    taken = server.next_events(lambda: False)
+    assert taken == [(server.nodes[0], first), (server.nodes[1], second), (server.nodes[0], third)]
+    assert server.take_events() == [] and server.next_events(lambda: True) == []
     assert server.event_count == 3
     assert not hasattr(server, "events")  # no list that grows with every event
 
 
 def test_epoch_marks_are_kept_per_feed_and_node(server, nodes):
-    for conn, executor_id, epoch in [(nodes[0], 0, 0), (nodes[0], 0, 2), (nodes[0], 0, 1), (nodes[1], 1, 0)]:
-        m.send_message(conn, m.NodeEvent(executor_id, "epoch_read", {"feed_id": "feed-a", "epoch": epoch}))
-    m.send_message(nodes[1], m.NodeEvent(1, "epoch_read", {"feed_id": "feed-b", "epoch": 5}))
+    for conn, epoch in [(nodes[0], 0), (nodes[0], 2), (nodes[0], 1), (nodes[1], 0)]:
+        m.send_message(conn, ev.EpochRead("feed-a", epoch))
+    m.send_message(nodes[1], ev.EpochRead("feed-b", 5))
     _taken(server, nodes[0])
     assert wait_until(lambda: server.event_count == 6)
     assert server.epochs_read("feed-a") == {"worker:0": 2, "worker:1": 0}  # the last epoch read through
@@ -171,8 +176,8 @@ def test_epoch_marks_are_kept_per_feed_and_node(server, nodes):
 def test_only_the_last_marked_feeds_are_remembered(server, nodes):
     count = rendezvous.MARKED_FEEDS + 10
     for i in range(count):
-        m.send_message(nodes[0], m.NodeEvent(0, "epoch_read", {"feed_id": f"feed-{i}", "epoch": 0}))
-    m.send_message(nodes[0], m.NodeEvent(0, "epoch_read", {"feed_id": "feed-5", "epoch": 1}))  # used again
+        m.send_message(nodes[0], ev.EpochRead(f"feed-{i}", 0))
+    m.send_message(nodes[0], ev.EpochRead("feed-5", 1))  # used again
     _taken(server, nodes[0])
     assert server.epochs_read(f"feed-{count - 1}") == {"worker:0": 0}
     assert server.epochs_read("feed-5") == {"worker:0": 1}  # kept: recently used
@@ -181,22 +186,22 @@ def test_only_the_last_marked_feeds_are_remembered(server, nodes):
 
 
 def test_a_terminated_feed_is_noted_on_the_node_as_it_is_recorded(server, nodes):
-    m.send_message(nodes[1], m.NodeEvent(1, "feed_terminated", {}))
+    m.send_message(nodes[1], ev.FeedTerminated())
     assert wait_until(lambda: server.nodes[1].feed_ended)
     assert not server.nodes[0].feed_ended
 
 
 def test_a_watcher_that_falls_behind_loses_the_oldest_reports_not_the_notices(server, nodes, monkeypatch, caplog):
     monkeypatch.setattr(rendezvous, "EVENT_BACKLOG", 50)
-    stall = m.NodeEvent(0, "feed_stalled", {"partition": 1, "timeout": 1.0, "feed_id": "f"})
+    stall = ev.FeedStalled("f", 1, timeout=1.0)
     with caplog.at_level(logging.WARNING, logger="tfonspark.driver.rendezvous"):
         m.send_message(nodes[0], stall)
         for step in range(120):
-            m.send_message(nodes[0], m.NodeEvent(0, "report", {"step": step}))
+            m.send_message(nodes[0], ev.Reported({"step": step}))
         assert wait_until(lambda: server.event_count == 121)
     events = [e for _, e in server.take_events()]
     assert len(events) == 50 and events[0] == stall
-    assert [e.detail["step"] for e in events[1:]] == list(range(71, 120))  # the newest reports
+    assert [e.metrics["step"] for e in events[1:] if isinstance(e, ev.Reported)] == list(range(71, 120))
     assert server.dropped == 71
     assert "fell behind by over 50 events" in caplog.text and "dropped the oldest waiting event" in caplog.text
 
@@ -204,9 +209,9 @@ def test_a_watcher_that_falls_behind_loses_the_oldest_reports_not_the_notices(se
 def test_the_backlog_is_bounded_in_bytes(server, nodes, monkeypatch):
     monkeypatch.setattr(rendezvous, "BACKLOG_BYTES", 10 * 1024)
     for step in range(20):
-        m.send_message(nodes[0], m.NodeEvent(0, "report", {"step": step, "pad": "p" * 1000}))
+        m.send_message(nodes[0], ev.Reported({"step": step, "pad": "p" * 1000}))
     assert wait_until(lambda: server.event_count == 20)
-    steps = [e.detail["step"] for _, e in server.take_events()]
+    steps = [e.metrics["step"] for _, e in server.take_events() if isinstance(e, ev.Reported)]
     assert 5 <= len(steps) <= 10 and steps == list(range(20 - len(steps), 20))
 
 

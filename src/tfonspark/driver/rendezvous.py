@@ -7,11 +7,11 @@ the node (or its executor) died or hung. Both sides send a ``Heartbeat`` every
 that fail, stall or flood the handshake are dropped without a reply, and the server keeps
 serving the others.
 
-**Node events** (``NodeEvent``: reports, feed-server events) take bounded memory however long
-the cluster runs. Each event is at most ``MAX_EVENT_BYTES`` encoded (larger ones, and ones with
-a malformed field such as a ``feed_id`` over ``MAX_FEED_ID`` characters, are refused with an
-error; the node goes on). An event waits here only until the cluster's watcher takes it
-(:meth:`RendezvousServer.take_events`): at most ``EVENT_BACKLOG`` events and ``BACKLOG_BYTES``
+**Node events** (:class:`~tfonspark.wire.events.NodeEvent`: reports, feed-server events) take
+bounded memory however long the cluster runs. Each event is at most ``MAX_EVENT_BYTES`` encoded
+(larger ones, and ones with a malformed field such as a ``feed_id`` over ``MAX_FEED_ID``
+characters, are refused with an error; the node goes on). An event waits here only until the
+cluster's watcher takes it (:meth:`RendezvousServer.next_events`): at most ``EVENT_BACKLOG`` events and ``BACKLOG_BYTES``
 of them, beyond which the oldest reports are dropped with a warning. What the cluster needs
 from events later is kept as compact state as they arrive: the last epoch each node read
 through for the last ``MARKED_FEEDS`` feeds (:meth:`RendezvousServer.epochs_read`), and a
@@ -29,15 +29,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import settings
 from ..errors import ConfigError, ProtocolError
 from ..executor.supervisor import MAX_EVENT_BYTES
 from ..host import is_wildcard
+from ..wire import events as ev
 from ..wire import messages as m
+from ..wire.events import MAX_FEED_ID
 from ..wire.framing import Connection
 from ..wire.listener import Listener
 from .plan import NodeRole, build_cluster_spec
@@ -60,25 +61,7 @@ EVENT_BACKLOG = 10_000
 BACKLOG_BYTES = 16 * 1024 * 1024
 """The most bytes (encoded) of node events waiting for the cluster's watcher."""
 MARKED_FEEDS = 64
-"""How many feeds' epoch marks (``epoch_read``) are kept: the most recently marked."""
-MAX_FEED_ID = 256
-"""The longest ``feed_id`` an event may name (tfonspark's own are at most ~60 characters)."""
-_FIELDS = {  # the events the driver acts on: the fields it reads (checked where present) ...
-    "epoch_read": ("feed_id", "epoch"),
-    "feed_stalled": ("feed_id", "partition", "received", "timeout", "train"),
-}
-_VALID: dict[str, tuple[Callable[[Any], bool], str]] = {  # each field: its check, and what is valid
-    "feed_id": (
-        lambda v: isinstance(v, str) and len(v) <= MAX_FEED_ID,
-        f"a str of at most {MAX_FEED_ID} characters (MAX_FEED_ID)",
-    ),
-    "epoch": (lambda v: type(v) is int and 0 <= v < 2**31, "an int from 0 to 2**31 - 1"),
-    "partition": (lambda v: type(v) is int, "an int"),
-    "received": (lambda v: type(v) is int, "an int"),
-    "timeout": (lambda v: type(v) in (int, float), "a number of seconds"),
-    "train": (lambda v: type(v) is bool, "a bool"),
-}
-_REQUIRED = {"epoch_read": ("feed_id", "epoch")}  # ... and those they must carry
+"""How many feeds' epoch marks (``EpochRead``) are kept: the most recently marked."""
 
 
 def _often(count: int) -> bool:
@@ -86,27 +69,11 @@ def _often(count: int) -> bool:
     return count <= 10 or count % 1000 == 0
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, str) and len(value) > 40:
-        return f"a str of {len(value)} characters"
-    if isinstance(value, (list, dict)):
-        return f"a {type(value).__name__}"
-    return repr(value)[:60]
-
-
-def _event_refusal(event: m.NodeEvent, size: int) -> str:
+def _event_refusal(event: ev.NodeEvent, size: int) -> str:
     """Why the driver refuses a node event (``""``: it does not): its size, or a field it acts on."""
     if size > MAX_EVENT_BYTES:
         return f"it is {size} bytes; an event may be at most {MAX_EVENT_BYTES} bytes (MAX_EVENT_BYTES)"
-    detail: Mapping[str, Any] = event.detail
-    for name in _REQUIRED.get(event.kind, ()):
-        if name not in detail:
-            return f"its {name} is missing; {event.kind} events carry {' and '.join(_REQUIRED[event.kind])}"
-    for name in _FIELDS.get(event.kind, ()):
-        valid, want = _VALID[name]
-        if name in detail and not valid(detail[name]):
-            return f"its {name} is {_shown(detail[name])}, and must be {want}"
-    return ""
+    return event.refusal()
 
 
 @dataclass
@@ -132,7 +99,7 @@ class NodeState:
         return bool(self.lost) or (self.exit is not None and self.exit.exit_code != 0 and not self.exit.stopped)
 
 
-_Pending = tuple[int, NodeState, m.NodeEvent, int]  # (number, node, event, encoded size)
+_Pending = tuple[int, NodeState, ev.NodeEvent, int]  # (number, node, event, encoded size)
 
 _SERVER_SETTINGS = "server_port/server_host (spark.tfonspark.serverPort/serverHost, TFOS_SERVER_PORT/TFOS_SERVER_HOST)"
 
@@ -345,9 +312,16 @@ class RendezvousServer:
                     node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s (executor lost or hung?)"
                 )
                 return
-            msg = m.decode(payload)
-            if not isinstance(msg, (m.NodeUp, m.NodeExit, m.Heartbeat, m.NodeEvent)):
-                raise ProtocolError(f"expected node_up, node_exit, heartbeat or node_event, received {msg.TYPE}")
+            try:
+                msg = m.decode(payload)
+            except ProtocolError as exc:
+                name = ev.is_node_event(payload)
+                if not name:
+                    raise
+                self._refuse(node, name, str(exc))  # a malformed event: refused, the node goes on
+                continue
+            if not isinstance(msg, (m.NodeUp, m.NodeExit, m.Heartbeat, ev.NodeEvent)):
+                raise ProtocolError(f"expected node_up, node_exit, heartbeat or a node event, received {msg.TYPE}")
             if self._record(node, msg, len(payload)):
                 return
 
@@ -355,16 +329,16 @@ class RendezvousServer:
         """Note one message (``size`` bytes) from a node's supervisor; True once the node has exited."""
         if isinstance(msg, m.Heartbeat):
             return False
-        if isinstance(msg, m.NodeEvent):
+        if isinstance(msg, ev.NodeEvent):
             why = _event_refusal(msg, size)
             if why:
-                self._refuse(node, msg, why)
+                self._refuse(node, msg.TYPE, why)
                 return False
         dropped = 0
         with self._cond:
             if isinstance(msg, m.NodeUp):
                 node.up = msg
-            elif isinstance(msg, m.NodeEvent):
+            elif isinstance(msg, ev.NodeEvent):
                 dropped = self._add_event(node, msg, size)
             elif isinstance(msg, m.NodeExit):
                 node.exit = msg
@@ -381,7 +355,7 @@ class RendezvousServer:
             )
         return isinstance(msg, m.NodeExit)
 
-    def _refuse(self, node: NodeState, event: m.NodeEvent, why: str) -> None:
+    def _refuse(self, node: NodeState, event_type: str, why: str) -> None:
         with self._cond:
             self.refused += 1
             count = self.refused
@@ -389,20 +363,21 @@ class RendezvousServer:
             log.error(
                 "rendezvous: refused a %r event from node %s: %s. The event was dropped; the node goes on "
                 "(%d refused so far)",
-                event.kind[:64],
+                event_type[:64],
                 node.role.name,
                 why,
                 count,
             )
 
-    def _add_event(self, node: NodeState, event: m.NodeEvent, size: int) -> int:
+    def _add_event(self, node: NodeState, event: ev.NodeEvent, size: int) -> int:
         """Keep what the cluster needs of an event, queue it for the watcher; the drop count if one went."""
         self.event_count += 1
-        if event.kind == "epoch_read":
-            self._mark(node, event.detail["feed_id"], event.detail["epoch"])
-        elif event.kind == "feed_terminated":
-            node.feed_ended = True  # it takes no more data (Cluster.all_done)
-        queue = self._reports if event.kind == "report" else self._notices
+        match event:
+            case ev.EpochRead(feed_id=feed_id, epoch=epoch):
+                self._mark(node, feed_id, epoch)
+            case ev.FeedTerminated():
+                node.feed_ended = True  # it takes no more data (Gang.all_done)
+        queue = self._reports if isinstance(event, ev.Reported) else self._notices
         queue.append((self.event_count, node, event, size))
         self._backlog_bytes += size
         dropped = 0
@@ -485,7 +460,7 @@ class RendezvousServer:
         with contextlib.suppress(OSError):
             m.send_message(node.conn, m.Stop(grace_secs))
 
-    def take_events(self) -> list[tuple[NodeState, m.NodeEvent]]:
+    def take_events(self) -> list[tuple[NodeState, ev.NodeEvent]]:
         """The events nodes reported since the last call, oldest first; the server keeps none of them.
 
         One consumer takes them: the cluster's watcher. If it falls ``EVENT_BACKLOG`` events (or
@@ -499,12 +474,16 @@ class RendezvousServer:
         pending.sort(key=operator.itemgetter(0))
         return [(node, event) for _, node, event, _ in pending]
 
-    def has_events(self) -> bool:
-        """True while events wait for :meth:`take_events`."""
-        return bool(self._reports or self._notices)
+    def next_events(self, stop: Callable[[], bool]) -> list[tuple[NodeState, ev.NodeEvent]]:
+        """Wait for node events, then take them (:meth:`take_events`); ``[]`` once ``stop()``, a
+        node failed or the server closed with none waiting. The cluster's watcher calls it in a loop."""
+        with self._cond:
+            while not (self._reports or self._notices or stop() or self._closed or self.failures()):
+                self._cond.wait()
+        return self.take_events()
 
     def epochs_read(self, feed_id: str) -> dict[str, int]:
-        """For each node, the last epoch of feed ``feed_id`` it read to the end (its ``epoch_read`` mark).
+        """For each node, the last epoch of feed ``feed_id`` it read to the end (its ``EpochRead`` mark).
 
         Kept for the last ``MARKED_FEEDS`` feeds marked; ``{}`` for one older or never marked.
         """

@@ -1,17 +1,24 @@
-"""Restarting a failed cluster (``max_restarts``): the budget, the record of each restart, the last error.
+"""Restarting a failed cluster (``max_restarts``): the attempt loop, each restart's record, the last error.
 
-The :class:`~tfonspark.driver.cluster.Cluster` does the restarting (tear down, re-reserve, start
-``map_fun`` again with ``ctx.attempt`` one higher); this module holds what is said about it.
+:class:`Attempts` holds the running :class:`~tfonspark.driver.gang.Gang`; after a node failure it
+forms the next one (a fresh rendezvous server and secret, executors reserved again, ``map_fun``
+started again with ``ctx.attempt`` one higher) while ``max_restarts`` lasts.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import ConfigError, NodeFailed
+from .gang import Gang
 
-__all__ = ["Restart", "cause_line", "check_max_restarts", "exhausted", "log_restart"]
+__all__ = ["Attempts", "Restart", "cause_line", "check_max_restarts", "exhausted", "log_restart"]
+
+_T = TypeVar("_T")
 
 _log = logging.getLogger(__name__)
 _LOGGED_TAIL_LINES = 5
@@ -90,3 +97,105 @@ def exhausted(causes: list[NodeFailed], max_restarts: int) -> NodeFailed:
         failures=last.failures,
         attempts=lines,
     )
+
+
+class Attempts:
+    """The running gang, and the restarts after node failures (``max_restarts``).
+
+    ``reform(attempt)`` forms the gang of the next attempt (not started); ``reserve()`` waits for
+    the executors a barrier node job needs; ``restartable()`` says whether a failure now may be
+    restarted (not while a stream runs).
+    """
+
+    def __init__(
+        self,
+        first: Gang,
+        max_restarts: int,
+        reform: Callable[[int], Gang] | None,
+        reserve: Callable[[], None] | None,
+        restartable: Callable[[], bool],
+    ) -> None:
+        self.gang = first
+        self.max_restarts = check_max_restarts(max_restarts)
+        if self.max_restarts and reform is None:
+            raise ConfigError("max_restarts > 0 needs a way to re-form the cluster (tfonspark.run passes one)")
+        self.log: list[Restart] = []  # one record per restart, oldest first
+        self._reform, self._reserve, self._restartable = reform, reserve, restartable
+        self._causes: list[NodeFailed] = []  # each failed attempt's error, oldest first
+        self._final: NodeFailed | None = None
+        self._payload = b""
+
+    @property
+    def failure(self) -> NodeFailed | None:
+        """The node failure that tore the cluster down (naming every attempt once they ran out)."""
+        return self._final or self.gang.failure
+
+    def can_restart(self) -> bool:
+        return self._reform is not None and self._restartable()
+
+    def begin(self, payload: bytes) -> None:
+        """Start the first gang; a node failing while it starts uses a restart like any other failure."""
+        self._payload = payload
+        try:
+            if self._reserve is not None:
+                self._reserve()
+            self.gang.start(payload)
+        except NodeFailed as error:
+            self.restart(error)  # which starts the next attempt, or raises
+
+    def run(self, action: Callable[[], _T]) -> _T:
+        """``action()``; after a node failure, restart the cluster and call it again while restarts last."""
+        while True:
+            try:
+                return action()
+            except NodeFailed as error:
+                self.restart(error)
+
+    def restart(self, error: NodeFailed) -> None:
+        """Start the next attempt after ``error`` (the gang is torn down), or raise, naming every attempt."""
+        self._causes.append(error)
+        while len(self._causes) <= self.max_restarts and self.can_restart():
+            attempt = len(self._causes)
+            log_restart(self._causes[-1], attempt, self.max_restarts)
+            gang = self.gang
+            record = Restart(attempt, self._causes[-1], gang.failed_at, gang.detect_s, gang.teardown_s)
+            self.log.append(record)
+            try:
+                self._start(attempt, record)
+                return
+            except NodeFailed as again:
+                self._causes.append(again)
+        raise self.give_up(None) from None
+
+    def give_up(self, error: NodeFailed | None) -> NodeFailed:
+        """The error that ends the job after ``error`` (if any): the last one, naming every attempt."""
+        if error is not None:
+            self._causes.append(error)
+        self._final = exhausted(self._causes, self.max_restarts)
+        return self._final
+
+    def _start(self, attempt: int, record: Restart) -> None:
+        """A fresh gang (rendezvous server, secret), executors reserved again, ``map_fun`` started again."""
+        assert self._reform is not None
+        started = time.monotonic()
+        self.gang = self._reform(attempt)
+        try:
+            if self._reserve is not None:
+                self._reserve()
+        except BaseException:
+            self.gang.teardown(grace_secs=0)
+            raise
+        reserved = time.monotonic() - started
+        self.gang.start(self._payload)
+        record.reserve_s = reserved + self.gang.phases[0]
+        record.startup_s = self.gang.phases[1]
+        record.total_s = time.time() - record.failed_at
+        _log.info(
+            "TensorFlow cluster restarted (attempt %d): %.1fs after the failure (teardown %.1fs, "
+            "reservation %.1fs, start-up %.1fs)",
+            attempt,
+            record.total_s,
+            record.teardown_s,
+            record.reserve_s,
+            record.startup_s,
+        )

@@ -1,0 +1,306 @@
+"""One start of a cluster's nodes (an attempt): its rendezvous server, node launches and event watcher.
+
+A :class:`~tfonspark.driver.cluster.Cluster` holds one :class:`Gang` at a time; a restart
+(:class:`~tfonspark.driver.restarts.Attempts`) tears it down and forms the next. The gang starts
+the nodes, answers what the feed jobs and streams ask about them (through :class:`LiveNodes`,
+which always asks the running gang), raises :func:`node_failed` after tearing down on a node
+failure, and tears down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..config import NodeConfig
+from ..errors import NodeFailed, ReservationTimeout
+from ..executor.feeder import FeedTarget
+from ..wire.errors import reraise, summary
+from ..wire.events import NodeEvent
+from .launcher import Launcher, LaunchHandle, LocalLauncher
+from .plan import DATA_ROLES, NodeRole
+from .rendezvous import NodeState, RendezvousServer
+from .stopping import StopFile
+
+__all__ = ["SPARK_SETTINGS", "Gang", "LiveNodes", "node_failed"]
+
+log = logging.getLogger(__name__)
+_TAIL_LINES = 40
+_SETTLE_SECS = 1.0  # how long other nodes get to report their own failure
+SPARK_SETTINGS = (
+    "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
+)
+
+
+def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
+    """How one node failed (``"was killed by signal 9 (SIGKILL)"``), its exit code and output tail."""
+    if node.lost:
+        return f"was lost: {node.lost}", None, ""
+    assert node.exit is not None
+    code = node.exit.exit_code
+    if code < 0:
+        try:
+            how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"failed with exit code {code}"
+    tail = node.exit.traceback.strip() or node.exit.output_tail.strip()
+    return how, code, "\n".join(tail.splitlines()[-_TAIL_LINES:])
+
+
+def node_failed(failed: list[NodeState]) -> NodeFailed:
+    """The error the driver raises for failed nodes: every one by role, index and output tail.
+
+    ``role``/``index``/``exit_code``/``traceback`` describe the first failure: the node the driver
+    heard from first (a SIGKILLed worker, not the peer whose collective then broke), then by
+    executor id; ``failures`` holds all of them.
+    """
+    ordered = sorted(failed, key=lambda n: (n.finished_at or float("inf"), n.exit is None, n.role.executor_id))
+    described = [(n, *_describe_exit(n)) for n in ordered]
+    first, how, code, tail = described[0]
+    where = f"TensorFlow node {first.role.name} (executor {first.role.executor_id})"
+    message = f"{where} {how}"
+    if len(described) > 1:
+        others = "; ".join(f"{n.role.name} {h}" for n, h, _, _ in described[1:])
+        message += f" (and {len(described) - 1} more: {others})"
+    failures = {n.role.name: t or h for n, h, _, t in described}
+    return NodeFailed(
+        message,
+        role=first.role.job_name,
+        index=first.role.task_index,
+        exit_code=code,
+        traceback=tail,
+        failures=failures,
+    )
+
+
+def _info(node: NodeState) -> dict[str, Any]:
+    """One entry of ``cluster.cluster_info`` (TFoS's shape, plus what tfonspark knows)."""
+    up = node.up
+    return {
+        "executor_id": node.role.executor_id,
+        "job_name": node.role.job_name,
+        "task_index": node.role.task_index,
+        "address": node.address,
+        "executor_key": node.executor_key,
+        "data_address": (up.data_host, up.data_port) if up and up.data_port else None,
+        "tb_url": up.tensorboard_url if up else "",
+        "gpus": list(up.gpus) if up else [],
+    }
+
+
+class Gang:
+    """The nodes of one attempt: ``server`` serves them, ``config`` started them, ``launcher`` launches them.
+
+    ``on_event`` gets every node event (on the watcher thread); ``cancel_feeds`` stops the feed
+    jobs at once when a node fails or the gang is torn down.
+    """
+
+    def __init__(
+        self,
+        server: RendezvousServer,
+        config: NodeConfig,
+        roles: list[NodeRole],
+        launcher: Launcher,
+        on_event: Callable[[NodeState, NodeEvent], None],
+        cancel_feeds: Callable[[], None],
+    ) -> None:
+        self.server, self.config, self.roles, self.launcher = server, config, roles, launcher
+        self.cluster_info: list[dict[str, Any]] = []
+        self.failure: NodeFailed | None = None  # the node failure that tore this gang down
+        self.phases = (0.0, 0.0)  # seconds to every node registered, then to every node up
+        self.failed_at = 0.0  # time.time() when the first failed node was seen
+        self.detect_s = 0.0  # from then until check() saw it
+        self.teardown_s = 0.0  # how long tearing down after it took
+        self.closed = False
+        self._launches: list[LaunchHandle] = []
+        self._stop_files: list[str] = []
+        self._on_event, self._cancel_feeds = on_event, cancel_feeds
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="tfos-watch")
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def start(self, payload: bytes) -> None:
+        """Launch every node's supervisor and wait until all registered, then until all are up."""
+        self._watcher.start()
+        on_driver = [r.executor_id for r in self.roles if r.on_driver]
+        if on_driver:  # driver-side ps nodes: supervisors started from here, waited for until they exit
+            local = LocalLauncher(wait_for_exit=True)
+            self._launches.append(local.launch(self.config, payload, on_driver, self.server.notify))
+        on_spark = [r.executor_id for r in self.roles if not r.on_driver]
+        self._launches.append(self.launcher.launch(self.config, payload, on_spark, self.server.notify))
+        timeout = self.config.reservation_timeout
+        started = time.monotonic()
+        self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
+        registered = time.monotonic()
+        self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
+        self.phases = (registered - started, time.monotonic() - registered)
+        self.cluster_info = [_info(n) for n in self.server.nodes.values()]
+        gpus = {f"{i['job_name']}:{i['task_index']}": i["gpus"] for i in self.cluster_info if i["gpus"]}
+        if gpus:
+            log.info("GPUs of the TensorFlow nodes: %s", ", ".join(f"{k} {v}" for k, v in sorted(gpus.items())))
+
+    def _launch_error(self) -> BaseException | None:
+        return next((h.error for h in self._launches if h.done.is_set() and h.error is not None), None)
+
+    def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
+        ok = self.server.wait_for(lambda nodes: predicate(nodes) or self._launch_error() is not None, timeout)
+        self.check()
+        error = self._launch_error()
+        if error is not None and not predicate(self.server.nodes.values()):
+            self.teardown(grace_secs=0)
+            reraise(error)
+            raise NodeFailed(f"starting the TensorFlow nodes failed before {what}: {summary(error)}") from error
+        if not ok:
+            registered = self.server.registered()
+            self.teardown(grace_secs=0)
+            raise ReservationTimeout(
+                f"{what}: {registered} of {len(self.roles)} TensorFlow nodes registered within "
+                f"{timeout:.0f}s. Each node needs its own Spark task slot; check {SPARK_SETTINGS}, "
+                "that dynamic allocation can reach that many executors, or raise reservation_timeout.",
+                registered=registered,
+                required=len(self.roles),
+            )
+
+    # ---- what the feed jobs and streams ask (through LiveNodes) ------------------------------------
+    def targets(self) -> list[FeedTarget]:
+        """The data nodes that take data now."""
+        out = []
+        for node in self.server.nodes.values():
+            up = node.up
+            if node.role.job_name in DATA_ROLES and up is not None and up.data_port and not node.finished:
+                out.append(FeedTarget(node.role.name, node.executor_key, up.data_host, up.data_port, up.data_path))
+        return out
+
+    def all_done(self) -> bool:
+        """True once no data node takes data any more (each terminated its feed or exited cleanly)."""
+        return all(n.finished or n.feed_ended for n in self.server.nodes.values() if n.role.job_name in DATA_ROLES)
+
+    def check(self) -> None:
+        """Raise NodeFailed (after tearing the gang down) naming every node that has failed."""
+        failed = self.server.failures()
+        if not failed:
+            return
+        if not self.closed:  # the first to see it: let the others report, tear down, time both
+            # nodes often fail together (one bad input, a lost peer): give the others a moment
+            # to report, so the error names all of them and not only the fastest
+            self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
+            failed = self.server.failures() or failed
+            seen_at = time.time()
+            self.failed_at = min((n.finished_at for n in failed if n.finished_at), default=seen_at)
+            self.detect_s = max(seen_at - self.failed_at, 0.0)
+            started = time.monotonic()
+            self.teardown(grace_secs=0)
+            self.teardown_s = time.monotonic() - started
+        self.failure = error = node_failed(failed)
+        raise error
+
+    def stop_condition(self, timeout: float) -> tuple[str, bool]:
+        """Why the streams must stop now, and whether gracefully; waits up to ``timeout`` for one."""
+        server = self.server
+        server.wait_for(lambda nodes: bool(server.stop_reason) or self.closed or self.all_done(), timeout)
+        failed = server.failures()
+        if failed:
+            return f"TensorFlow node {failed[0].role.name} failed", False
+        if self.closed or server.closed:
+            return "the cluster was shut down", False
+        if server.stop_reason:
+            return f"stop requested: {server.stop_reason}", True
+        if self.all_done():
+            return "every data node has finished", True
+        return "", True
+
+    # ---- what the cluster asks -----------------------------------------------------------------
+    def data_nodes(self) -> set[str]:
+        """The names (``"worker:0"``) of the nodes that take data."""
+        return {r.name for r in self.roles if r.job_name in DATA_ROLES}
+
+    def marks_read(self, feed_id: str) -> dict[str, int]:
+        """For each data node, the last epoch of a train feed it read to the end (its end mark)."""
+        return self.server.epochs_read(feed_id)
+
+    def wait_for_trainers(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for every chief/worker to exit; then raise if a node failed."""
+        done = self.server.wait_for(
+            lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES), max(timeout, 0)
+        )
+        self.check()
+        return done
+
+    def tensorboard_url(self) -> str | None:
+        """The TensorBoard URL a node (the chief, or worker 0) reported, if any."""
+        return next((n.up.tensorboard_url for n in self.server.nodes.values() if n.up and n.up.tensorboard_url), None)
+
+    def stop_file(self) -> StopFile:
+        """What a stop file for this gang holds: its server's address, the cluster id, the secret."""
+        host, port = self.server.address
+        return StopFile(host, port, self.config.cluster_id, self.server.secret)
+
+    def remove_at_teardown(self, path: str) -> None:
+        """Delete the file at ``path`` when the gang is torn down (a stop file)."""
+        self._stop_files.append(path)
+
+    # ---- events and teardown -------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Follow node events; on a node failure, cancel the feed jobs at once."""
+        server = self.server
+        while True:
+            for node, event in server.next_events(lambda: self.closed):
+                self._on_event(node, event)
+            if server.failures() or self.closed or server.closed:
+                break
+        if server.failures():
+            self._cancel_feeds()
+
+    def teardown(self, grace_secs: float) -> None:
+        """Stop every node, wait for their supervisors, cancel jobs, close the server."""
+        if self.closed:
+            return
+        self.closed = True
+        for node in self.server.nodes.values():
+            self.server.stop_node(node, grace_secs)
+        self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes), grace_secs + 15)
+        self._cancel_feeds()
+        # a lost node's task may never return (its supervisor is frozen or its host gone):
+        # then there is nothing to wait for, and the node job is cancelled at once
+        lost = any(n.lost for n in self.server.nodes.values())
+        for launch in self._launches:
+            if lost or not launch.join(10):
+                launch.cancel()
+                launch.join(10)
+        self.server.close()  # also wakes the streams' watcher, which stops them
+        for path in self._stop_files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        # the watcher hands out the last reports and events before it ends: once shutdown()
+        # returns, every report a node made is in cluster.reports and has reached on_report
+        if self._watcher.is_alive() and threading.current_thread() is not self._watcher:
+            self._watcher.join(10)
+
+
+class LiveNodes:
+    """The running gang's nodes as the feed jobs (``FeedNodes``) and streams (``StreamCluster``) see them.
+
+    It asks ``current()`` each time, so a restart's new gang answers from then on.
+    """
+
+    def __init__(self, current: Callable[[], Gang]) -> None:
+        self._current = current
+
+    def targets(self) -> list[FeedTarget]:
+        return self._current().targets()
+
+    def all_done(self) -> bool:
+        return self._current().all_done()
+
+    def check(self) -> None:
+        self._current().check()
+
+    def stop_condition(self, timeout: float) -> tuple[str, bool]:
+        return self._current().stop_condition(timeout)
