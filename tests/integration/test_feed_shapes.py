@@ -144,7 +144,7 @@ def test_failure_after_the_feed_ends_raises_at_shutdown_naming_it(sc, no_leftove
         assert elapsed < 10
         assert "boom-late" in str(info.value) and info.value.role in ("chief", "worker")
     finally:
-        c._teardown(grace_secs=0)
+        c._attempts.gang.teardown(grace_secs=0)
 
 
 # ---- the shapes users pass ----------------------------------------------------------------------
@@ -287,14 +287,14 @@ def test_training_on_every_row_shape_reads_each_row_once(sc, spark, tmp_path, no
             fed = within(
                 120, f"train on {name}", lambda d=data, e=epochs, q=q: cluster.train(d, e, feed_timeout=60, qname=q), sc
             )
-            cluster.feeds.close((q,))  # what shutdown() does for the "input" queue
+            cluster._feeds.close((q,))  # what shutdown() does for the "input" queue
             wait_until(lambda q=q: len(list(tmp_path.glob(f"{q}-node*.json"))) == 2, 60)
             read = _read_tally(tmp_path, q)
             want = (epochs * len(rows), epochs * sum(leaf_sum(r) for r in rows))
             if fed != want[0] or read != (want[0], pytest.approx(want[1])):
                 wrong.append(f"{name}: fed {fed}, nodes read {read}, expected {want}")
     finally:
-        cluster.feeds.close(tuple(qnames.values()))  # every queue, so map_fun ends either way
+        cluster._feeds.close(tuple(qnames.values()))  # every queue, so map_fun ends either way
         cluster.shutdown(timeout=120)
     assert not wrong, "\n".join(wrong)
 
@@ -376,7 +376,7 @@ def test_a_stalled_feeder_fails_the_feed_within_feed_timeout(sc, no_leftovers):
         assert elapsed < 4 + 15
         assert "partition 0" in str(info.value) and "feed_timeout=4" in str(info.value)
     finally:
-        cluster._teardown(grace_secs=0)
+        cluster._attempts.gang.teardown(grace_secs=0)
 
 
 def _never_read(args, ctx):
@@ -396,7 +396,7 @@ def test_a_node_that_takes_no_data_fails_the_feed_within_feed_timeout(sc, no_lef
         assert elapsed < 60  # Spark retries the task spark.task.maxFailures times, each ~feed_timeout
         assert "worker:" in str(info.value) and "feed_timeout=3" in str(info.value)
     finally:
-        cluster._teardown(grace_secs=0)
+        cluster._attempts.gang.teardown(grace_secs=0)
 
 
 def _read_but_never_answer(args, ctx):
@@ -420,7 +420,7 @@ def test_results_that_never_come_fail_the_inference_within_feed_timeout(sc, no_l
         print(f"\n[measured] results never sent -> error after {elapsed:.1f}s (feed_timeout=3)")
         assert "FeedTimeout" in str(info.value) and "feed_timeout=3" in str(info.value)
     finally:
-        cluster._teardown(grace_secs=0)
+        cluster._attempts.gang.teardown(grace_secs=0)
 
 
 def _sleep_in_map_fun(args, ctx):
@@ -449,7 +449,7 @@ def test_a_silent_supervisor_is_reported_lost_within_heartbeat_timeout(sc, no_le
     finally:
         for proc in stopped:
             proc.send_signal(signal.SIGCONT)
-        cluster._teardown(grace_secs=0)
+        cluster._attempts.gang.teardown(grace_secs=0)
 
 
 def _echo_rows(args, ctx):
