@@ -17,6 +17,7 @@ from .driver.launch import run
 from .driver.reports import Report
 from .driver.restarts import Restart
 from .driver.stopping import request_stop
+from .settings import Settings
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
 
@@ -44,6 +45,7 @@ __all__ = [
     "NodeContext",
     "Report",
     "Restart",
+    "Settings",
     "TFCluster",
     "TFManager",
     "TFNode",

@@ -1,8 +1,10 @@
 """What travels from the driver to every node, validated on construction.
 
-The settings among it (feed buffer, TensorBoard port, bind address, heartbeat timeout,
-collective) are resolved once on the driver by :func:`tfonspark.settings.resolve`; their
-defaults and checks live in :data:`tfonspark.settings.SETTINGS`, not here.
+The settings among it (:data:`tfonspark.settings.CONFIG_SETTINGS`: feed buffer, TensorBoard port,
+bind address, heartbeat timeout, collective, and the driver-side waits ``epoch_end_timeout`` and
+``stream_stop_timeout`` that the driver's ``Cluster`` reads from its config) are resolved once on
+the driver by :func:`tfonspark.settings.resolve`; their defaults and checks live in
+:data:`tfonspark.settings.SETTINGS`, not here.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class NodeConfig:
     heartbeat_secs: float = 5.0  # supervisor <-> driver liveness messages
     heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT  # silence after which the other side is gone
     collective: str = settings.DEFAULT_COLLECTIVE  # the TF process's TFONSPARK_COLLECTIVE
+    epoch_end_timeout: float = settings.DEFAULT_EPOCH_END_TIMEOUT  # driver: a restartable train()'s last wait
+    stream_stop_timeout: float = settings.DEFAULT_STREAM_STOP_TIMEOUT  # driver: a graceful stream stop's wait
     # Keras 2 for the TF process: "" = leave it (Keras 3 unless the user set TF_USE_LEGACY_KERAS),
     # "auto" = TF_USE_LEGACY_KERAS=1 where tf_keras is installed on the node, "on" = required
     legacy_keras: str = ""
@@ -68,7 +72,7 @@ class NodeConfig:
             raise ConfigError(f"attempt must be a whole number >= 0. Received: {self.attempt!r}")
         if len(self.secret_hex) < 32:
             raise ConfigError("the cluster secret is too short")
-        for name in _SHIPPED_SETTINGS:
+        for name in settings.CONFIG_SETTINGS:
             settings.check(name, getattr(self, name), source="NodeConfig")
 
     def on_node(self, environ: Mapping[str, str] | None = None) -> NodeConfig:
@@ -92,7 +96,3 @@ class NodeConfig:
     def from_json(cls, text: str | bytes) -> NodeConfig:
         """The inverse of :meth:`to_json`."""
         return cls(**json.loads(text))
-
-
-#: The settings a node needs (the others, such as the rendezvous address, stay on the driver).
-_SHIPPED_SETTINGS = ("feed_buffer_bytes", "tensorboard_port", "bind_host", "heartbeat_timeout", "collective")

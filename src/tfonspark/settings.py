@@ -2,14 +2,17 @@
 
 A setting is read from the first of these that has it:
 
-1. the keyword argument of :func:`tfonspark.run` (``None`` = not given),
+1. the code: a field of :class:`Settings` passed as ``tfonspark.run(..., settings=Settings(...))``,
+   or the same name as a keyword argument of ``run()`` (a shorthand merged into that
+   ``Settings`` by :meth:`Settings.merged`); ``None`` = not given,
 2. the Spark conf key ``spark.tfonspark.<camelCase name>``,
 3. the driver's environment variable (names kept from TFoS where TFoS had them, else
    ``TFONSPARK_*``; an older name of ours is still read after the current one),
 4. the default written in :data:`SETTINGS`.
 
-:func:`resolve` does this once, in ``run()``, and the result travels to every node in
-``NodeConfig``; nothing else reads these variables on the driver. Two settings are also read on
+:func:`resolve` does this once, in ``run()``, into :class:`Resolved`; what the cluster needs of
+it travels in ``NodeConfig`` (:meth:`Resolved.node_fields`); nothing else reads these variables
+on the driver. Two settings are also read on
 the node, because code there read them before tfonspark existed: ``TENSORBOARD_PORT`` (TFoS read
 it on the executor) and ``TFONSPARK_COLLECTIVE`` (read by :func:`tfonspark.distribute.strategy`,
 which also runs outside tfonspark). A node's own variable is used where the driver resolved the
@@ -19,10 +22,18 @@ A bad value raises :class:`~tfonspark.errors.ConfigError` naming the key it came
 valid and where it was read: ``TFOS_FEED_BUFFER_BYTES must be an integer >= 1048576 (1 MiB).
 Received: 'abc' (from the environment)``. This module imports nothing heavy: the supervisor and
 the TF process read it too.
+
+Each wait has one setting (or one argument) and one meaning: ``feed_timeout`` (an argument of
+``train()``/``inference()``) is how long a feed may make no progress; ``epoch_end_timeout`` how
+long a restartable ``train()`` waits for its last epoch to be read; ``stream_stop_timeout`` how
+long a graceful stop waits for a running micro-batch; ``heartbeat_timeout`` how long a silent
+peer counts as alive. The one derived wait is the feed server's holding limit,
+:func:`feed_hold_limit` (from ``feed_timeout``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -34,17 +45,22 @@ from .errors import ConfigError
 __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_ENV",
+    "CONFIG_SETTINGS",
     "DEFAULT_COLLECTIVE",
     "DEFAULT_FEED_BUFFER_BYTES",
+    "DEFAULT_EPOCH_END_TIMEOUT",
     "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_STREAM_STOP_TIMEOUT",
     "LEGACY_KERAS_MODES",
     "MAX_TIMEOUT_SECONDS",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
+    "Resolved",
     "Setting",
     "Settings",
     "check",
     "check_timeout",
+    "feed_hold_limit",
     "markdown_table",
     "node_value",
     "port_range",
@@ -57,6 +73,10 @@ DEFAULT_FEED_BUFFER_BYTES = 64 * MiB
 MIN_FEED_BUFFER_BYTES = 1 * MiB
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 """Seconds of control-channel silence after which a node (or the driver) is taken as gone."""
+DEFAULT_EPOCH_END_TIMEOUT = 600.0
+"""Seconds a restartable ``train()`` waits, without progress, for its last epoch to be read."""
+DEFAULT_STREAM_STOP_TIMEOUT = 600.0
+"""Seconds a graceful stop of a stream waits for its running micro-batch."""
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 """The longest timeout any setting may have: a week (604800 s).
 
@@ -270,6 +290,28 @@ SETTINGS: tuple[Setting, ...] = (
         "(`TFCluster.run`, `pipeline.TFEstimator`) where `tf_keras` is installed, `on` = always, `off` = Keras 3",
         default_text="`auto`",
     ),
+    Setting(
+        "epoch_end_timeout",
+        "spark.tfonspark.epochEndTimeout",
+        ("TFONSPARK_EPOCH_END_TIMEOUT",),
+        DEFAULT_EPOCH_END_TIMEOUT,
+        _seconds,
+        _TIMEOUT_VALID,
+        "seconds `train()` of a restartable cluster (`max_restarts` > 0) waits, while no node reports "
+        "progress, for the data nodes to read its last epoch to the end before it returns (with a warning)",
+        default_text="600 s",
+    ),
+    Setting(
+        "stream_stop_timeout",
+        "spark.tfonspark.streamStopTimeout",
+        ("TFONSPARK_STREAM_STOP_TIMEOUT",),
+        DEFAULT_STREAM_STOP_TIMEOUT,
+        _seconds,
+        _TIMEOUT_VALID,
+        "seconds a graceful stop of a streaming query waits for its running micro-batch "
+        "(at most what is left of `shutdown(timeout=...)`)",
+        default_text="600 s",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -277,6 +319,60 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 
 @dataclass(frozen=True)
 class Settings:
+    """Settings chosen in code, for ``tfonspark.run(..., settings=Settings(...))``.
+
+    A field left at ``None`` is read from the Spark conf key, else the environment variable, else
+    its default (see :data:`SETTINGS`); a given one wins over all three. Values are checked here,
+    so a bad one fails where it is written.
+
+    Parameters
+    ----------
+    server_host, server_port, feed_buffer_bytes, tensorboard_port, bind_host, heartbeat_timeout, \
+collective, legacy_keras, epoch_end_timeout, stream_stop_timeout : optional
+        One field per row of :data:`SETTINGS` (the settings doc); ``None`` = not given.
+
+    Examples
+    --------
+    >>> Settings(heartbeat_timeout=30).given()
+    {'heartbeat_timeout': 30}
+    >>> cluster = tfonspark.run(sc, main_fun, args, 2, settings=Settings(heartbeat_timeout=30))  # doctest: +SKIP
+    """
+
+    server_host: str | None = None
+    server_port: int | str | None = None
+    feed_buffer_bytes: int | None = None
+    tensorboard_port: int | None = None
+    bind_host: str | None = None
+    heartbeat_timeout: float | None = None
+    collective: str | None = None
+    legacy_keras: bool | str | None = None
+    epoch_end_timeout: float | None = None
+    stream_stop_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in self.given().items():
+            _parse(_BY_NAME[name], value, name, _ARGUMENT)
+
+    def given(self) -> dict[str, object]:
+        """The fields set (not ``None``), by name."""
+        return {s.name: getattr(self, s.name) for s in SETTINGS if getattr(self, s.name) is not None}
+
+    def merged(self, keywords: Mapping[str, Any]) -> Settings:
+        """These settings plus ``run()``'s shorthand keyword arguments (``None`` = not given).
+
+        The one path from keyword arguments to settings; a setting given both here and in
+        ``keywords`` is a ConfigError, an unknown name too.
+        """
+        given = {name: value for name, value in keywords.items() if value is not None}
+        _check_names(given)
+        twice = sorted(set(given) & set(self.given()))
+        if twice:
+            raise ConfigError(f"settings given both as keyword arguments and in settings=Settings(...): {twice}")
+        return dataclasses.replace(self, **given) if given else self
+
+
+@dataclass(frozen=True)
+class Resolved:
     """The resolved value of every setting, and where each came from (see :data:`SETTINGS`)."""
 
     server_host: str
@@ -287,24 +383,34 @@ class Settings:
     heartbeat_timeout: float
     collective: str
     legacy_keras: str
+    epoch_end_timeout: float
+    stream_stop_timeout: float
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
 
     def node_fields(self) -> dict[str, Any]:
-        """The settings a node needs, as ``NodeConfig`` keyword arguments (the server's stay here)."""
-        return {
-            "tensorboard_port": self.tensorboard_port,
-            "feed_buffer_bytes": self.feed_buffer_bytes,
-            "bind_host": self.bind_host,
-            "heartbeat_timeout": self.heartbeat_timeout,
-            "collective": self.collective,
-        }
+        """The settings ``NodeConfig`` carries, as its keyword arguments: those the nodes need,
+        and the driver-side waits the driver's ``Cluster`` reads from its config (the rendezvous
+        server's and ``legacy_keras``, which ``run()`` turns into the nodes' choice, stay here)."""
+        return {name: getattr(self, name) for name in CONFIG_SETTINGS}
+
+
+#: The settings ``NodeConfig`` carries (:meth:`Resolved.node_fields`).
+CONFIG_SETTINGS = (
+    "feed_buffer_bytes",
+    "tensorboard_port",
+    "bind_host",
+    "heartbeat_timeout",
+    "collective",
+    "epoch_end_timeout",
+    "stream_stop_timeout",
+)
 
 
 class _Conf(Protocol):
     """What :func:`resolve` needs of a ``SparkConf``."""
 
-    def get(self, key: str, default: str | None = None, /) -> str | None: ...
+    def get(self, key: str, /) -> str | None: ...
 
 
 def _parse(setting: Setting, raw: object, key: str, source: str) -> Any:
@@ -328,7 +434,7 @@ def _resolve_one(setting: Setting, argument: object, conf: _Conf | None, environ
     """The value of one setting and the source it came from, first source first."""
     if argument is not None:
         return _parse(setting, argument, setting.name, _ARGUMENT), _ARGUMENT
-    raw = conf.get(setting.conf_key, None) if conf is not None else None
+    raw = conf.get(setting.conf_key) if conf is not None else None
     if raw is not None and raw.strip():
         return _parse(setting, raw, setting.conf_key, _CONF), _CONF
     found, value = _env_value(setting, environ, _ENVIRONMENT)
@@ -337,27 +443,32 @@ def _resolve_one(setting: Setting, argument: object, conf: _Conf | None, environ
     return setting.default, _DEFAULT
 
 
-def resolve(
-    arguments: Mapping[str, object] | None = None,
-    conf: _Conf | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Settings:
-    """Resolve every setting: keyword argument -> Spark conf -> environment -> default.
-
-    ``arguments`` maps setting names to ``run()``'s keyword arguments (``None`` = not given);
-    ``conf`` is the ``SparkConf`` (``sc.getConf()``); ``environ`` defaults to ``os.environ``.
-    Raises ConfigError for an unknown name or a bad value, naming where it came from.
-    """
-    arguments = dict(arguments or {})
+def _check_names(arguments: Mapping[str, object]) -> None:
     unknown = sorted(set(arguments) - set(_BY_NAME))
     if unknown:
         raise ConfigError(f"unknown settings {unknown}; valid: {sorted(_BY_NAME)}")
+
+
+def resolve(
+    arguments: Settings | Mapping[str, object] | None = None,
+    conf: _Conf | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Resolved:
+    """Resolve every setting: keyword argument -> Spark conf -> environment -> default.
+
+    ``arguments``: the :class:`Settings` chosen in code, or a mapping of setting names to
+    values (``None`` = not given);
+    ``conf`` is the ``SparkConf`` (``sc.getConf()``); ``environ`` defaults to ``os.environ``.
+    Raises ConfigError for an unknown name or a bad value, naming where it came from.
+    """
+    arguments = arguments.given() if isinstance(arguments, Settings) else dict(arguments or {})
+    _check_names(arguments)
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for setting in SETTINGS:
         values[setting.name], sources[setting.name] = _resolve_one(setting, arguments.get(setting.name), conf, environ)
-    return Settings(**values, sources=sources)
+    return Resolved(**values, sources=sources)
 
 
 def check(name: str, value: object, key: str | None = None, source: str = "the argument") -> Any:
@@ -374,6 +485,14 @@ def check_timeout(name: str, value: object, source: str = "the argument") -> flo
         return _seconds(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name} must be {_TIMEOUT_VALID}. Received: {value!r} (from {source})") from None
+
+
+def feed_hold_limit(feed_timeout: float) -> float:
+    """How long a node's feed server holds a feeder waiting for room (``map_fun`` not reading)
+    before it drops the connection: derived from ``feed_timeout``, ``1.5 * feed_timeout + 5`` s,
+    always past the feeder's own ``feed_timeout`` so that the feeder reports the stall first
+    (``FeedTimeout`` naming the node) and this side only frees what the stalled feed held."""
+    return 1.5 * feed_timeout + 5.0
 
 
 def node_value(

@@ -119,7 +119,9 @@ def make_ctx(job_name: str = "worker", task_index: int = 0, cluster_spec=None, *
 
 
 def test_fields():
-    ctx = make_ctx("worker", 1, executor_id=4, tensorboard_url="http://tb:6006")
+    ctx = make_ctx("worker", 1, executor_id=4)
+    assert ctx.tensorboard_url == "" and ctx.attempt == 0
+    ctx.tensorboard_url = "http://tb:6006"  # the TF process sets it once TensorBoard runs
     assert (ctx.executor_id, ctx.worker_num, ctx.job_name, ctx.task_index) == (4, 4, "worker", 1)
     assert ctx.cluster_spec == SPEC and ctx.defaultFS == "hdfs://nn:8020" and ctx.working_dir == "/home/me"
     assert ctx.tensorboard_url == "http://tb:6006" and ctx.mgr is None and ctx.tmp_socket is None
@@ -458,3 +460,13 @@ def test_pickled_errors_keep_their_attributes_after_being_raised():
     assert (back.role, back.index, back.exit_code, back.traceback) == ("chief", 0, 1, "tb")
     with pytest.raises(NodeFailed, match="boom"):
         raise back
+
+
+def test_in_cluster_builds_the_context_from_the_node_config():
+    from tfonspark.config import NodeConfig
+
+    config = NodeConfig("c1", "127.0.0.1", 1, "ab" * 32, default_fs="hdfs://nn:8020", attempt=3)
+    place = {"executor_id": 2, "job_name": "worker", "task_index": 1, "cluster_spec": SPEC, "working_dir": "/w"}
+    ctx = NodeContext.in_cluster(config, place, mgr="feed")
+    assert (ctx.executor_id, ctx.job_name, ctx.task_index, ctx.working_dir) == (2, "worker", 1, "/w")
+    assert (ctx.defaultFS, ctx.attempt, ctx.mgr) == ("hdfs://nn:8020", 3, "feed")

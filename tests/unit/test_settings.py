@@ -34,6 +34,8 @@ VALUES = {
     "heartbeat_timeout": (30, "12.5", 12.5),
     "collective": ("ring", "NCCL", "nccl"),
     "legacy_keras": ("on", "OFF", "off"),
+    "epoch_end_timeout": (30, "45", 45.0),
+    "stream_stop_timeout": (20, "7.5", 7.5),
 }
 
 
@@ -46,8 +48,9 @@ def _camel(name: str) -> str:
 
 
 def test_the_table_and_the_resolved_settings_name_the_same_knobs():
-    fields = [f.name for f in dataclasses.fields(settings.Settings) if f.name != "sources"]
+    fields = [f.name for f in dataclasses.fields(settings.Resolved) if f.name != "sources"]
     assert fields == [s.name for s in SETTINGS] == list(VALUES)
+    assert [f.name for f in dataclasses.fields(settings.Settings)] == fields
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
@@ -60,11 +63,11 @@ def test_names_follow_one_scheme(setting):
 
 def test_defaults_are_written_once():
     defaults = resolve(environ={})
-    assert defaults == settings.Settings(**{s.name: s.default for s in SETTINGS})
+    assert defaults == settings.Resolved(**{s.name: s.default for s in SETTINGS})
     assert set(defaults.sources.values()) == {"the default"}
     assert defaults.feed_buffer_bytes == settings.DEFAULT_FEED_BUFFER_BYTES == 64 * 1024 * 1024
     node = NodeConfig(**NODE)  # what a node assumes when a field is missing is the same default
-    for name in ("feed_buffer_bytes", "tensorboard_port", "bind_host", "heartbeat_timeout", "collective"):
+    for name in settings.CONFIG_SETTINGS:
         assert getattr(node, name) == getattr(defaults, name), name
 
 
@@ -250,12 +253,36 @@ TFOS_POSITIONAL = [
 ]
 
 
-def test_run_keeps_tfos_positional_arguments_and_takes_every_setting_by_keyword():
+def test_run_takes_four_positional_arguments_and_every_setting_by_keyword():
+    from tfonspark import TFCluster
+
     params = inspect.signature(tfonspark.run).parameters
     positional = [p.name for p in params.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    assert positional == TFOS_POSITIONAL
-    for setting in SETTINGS:
-        assert params[setting.name].kind is inspect.Parameter.KEYWORD_ONLY and params[setting.name].default is None
+    assert positional == TFOS_POSITIONAL[:4]
+    tfos = inspect.signature(TFCluster.run).parameters
+    assert [p.name for p in tfos.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == TFOS_POSITIONAL
+    for setting in SETTINGS:  # by name, as a shorthand for settings=Settings(...)
+        assert setting.name in launch.SettingKeywords.__annotations__
+        assert setting.name in launch.RunOptions.__annotations__
+    assert params["settings"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_settings_by_keyword_and_by_settings_take_one_path():
+    chosen = settings.Settings(heartbeat_timeout=30).merged({"collective": "ring", "bind_host": None})
+    assert chosen.given() == {"heartbeat_timeout": 30, "collective": "ring"}
+    assert resolve(chosen, None, {}).sources["collective"] == "the keyword argument"
+    with pytest.raises(ConfigError, match=r"both .*\['heartbeat_timeout'\]"):
+        settings.Settings(heartbeat_timeout=30).merged({"heartbeat_timeout": 40})
+    with pytest.raises(ConfigError, match="unknown settings"):
+        settings.Settings().merged({"heartbeat": 1})
+    with pytest.raises(ConfigError, match=r"heartbeat_timeout must be .*Received: -1"):
+        settings.Settings(heartbeat_timeout=-1)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: queues"):
+        tfonspark.run(FakeSparkContext({}), print, None, 1, queues=["input"])
+
+
+def test_the_feed_hold_limit_is_derived_from_feed_timeout():
+    assert settings.feed_hold_limit(10) == 20.0 and settings.feed_hold_limit(600) > 600
 
 
 class _Stop(Exception):
@@ -271,17 +298,17 @@ def test_run_resolves_once_and_hands_the_values_on(monkeypatch):
         def __init__(self, cluster_id, roles, secret, host, port_spec=None, **kwargs):
             seen.update(port_spec=port_spec, **kwargs)
 
-    def fake_cluster(sc, roles, server, config, mode, **kwargs):
-        seen["config"] = config
+    def fake_begin(plan, *args, **kwargs):
+        seen["config"] = plan.form(0)[1]
         raise _Stop
 
     monkeypatch.setattr(launch, "RendezvousServer", FakeServer)
-    monkeypatch.setattr(launch, "Cluster", fake_cluster)
+    monkeypatch.setattr(launch, "_begin", fake_begin)
     monkeypatch.setenv("TFONSPARK_BIND_HOST", "0.0.0.0")
     monkeypatch.setenv("TFOS_SERVER_HOST", "127.0.0.2")
     sc = FakeSparkContext({"spark.tfonspark.serverPort": "5000-5009", "spark.tfonspark.collective": "ring"})
     with pytest.raises(_Stop):
-        tfonspark.run(sc, print, None, 1, feed_buffer_bytes=2 << 20, heartbeat_timeout=8)
+        tfonspark.run(sc, print, None, 1, feed_buffer_bytes=2 << 20, settings=settings.Settings(heartbeat_timeout=8))
     assert seen["port_spec"] == "5000-5009" and seen["bind_host"] == "127.0.0.2"
     assert seen["heartbeat_timeout"] == 8.0 and seen["heartbeat_secs"] == 2.0
     config = seen["config"]

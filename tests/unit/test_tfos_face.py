@@ -314,6 +314,7 @@ def test_tfcluster_run_nodes_give_keras_2_optimizers_their_lr(tmp_path, monkeypa
         record_node_optimizer,
         {"out": str(out)},
         1,
+        0,
         reservation_timeout=60,
         launcher=LocalLauncher(),
     )
@@ -416,13 +417,13 @@ def test_tfcluster_run_and_tfestimator_hand_the_nodes_a_wrapped_function(monkeyp
 
     seen: list[tuple] = []
     monkeypatch.setattr(_tfos_keras, "face_used", lambda sc, legacy_keras=None: seen.append(("face", legacy_keras)))
-    monkeypatch.setattr(TFCluster.launch, "run", lambda sc, fn, *a, **kw: seen.append(("run", fn, kw)))
-    TFCluster.run(FakeSparkContext(), tfos_main_fun, {}, 2, legacy_keras="off")
-    (_, keras), (_, fn, kwargs) = seen
+    monkeypatch.setattr(TFCluster.launch, "start", lambda sc, fn, *a, **kw: seen.append(("run", fn, (a, kw))))
+    TFCluster.run(FakeSparkContext(), tfos_main_fun, {}, 2, 0, legacy_keras="off")
+    (_, keras), (_, fn, (args, kwargs)) = seen
     assert keras == "off" and isinstance(fn, _tfos_keras.FaceMapFun) and fn.fn is tfos_main_fun
-    assert kwargs == {"legacy_keras": "off", "_tfos_face": True}
+    assert args[3].given() == {"legacy_keras": "off"} and kwargs["tfos_face"] is True
     seen.clear()
-    TFCluster.run(FakeSparkContext(), "not callable", {}, 2)
+    TFCluster.run(FakeSparkContext(), "not callable", {}, 2, 0)
     assert seen[1][1] == "not callable"  # run() names the mistake
 
     monkeypatch.setattr(estimator.TFEstimator, "_fit", lambda self, dataset: seen.append(("fit", self)))
@@ -492,3 +493,32 @@ def test_a_tf_keras_without_the_expected_optimizer_base_is_said_not_patched(monk
     _tfos_keras._patch(types.ModuleType("tf_keras.src.optimizers.optimizer"))
     [(level, line)] = _lines(caplog)
     assert level == "WARNING" and "lr= is ignored; use learning_rate=" in line
+
+
+def test_tfcluster_run_has_tfos_signature_and_warns_that_queues_are_ignored(monkeypatch):
+    """TFoS 2.2.5's positional signature; a non-default ``queues`` warns once, naming it."""
+    import inspect
+    import warnings
+
+    from tfonspark import TFCluster
+    from tfonspark.driver import launch
+    from tfonspark.testing import FakeSparkContext
+
+    params = list(inspect.signature(TFCluster.run).parameters.values())
+    assert [p.name for p in params[:14]] == [
+        "sc", "map_fun", "tf_args", "num_executors", "num_ps", "tensorboard", "input_mode", "log_dir",
+        "driver_ps_nodes", "master_node", "reservation_timeout", "queues", "eval_node", "release_port",
+    ]  # fmt: skip
+    assert params[4].default is inspect.Parameter.empty and params[11].default == ["input", "output", "error"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[14:-1])
+    started = []
+    monkeypatch.setattr(launch, "start", lambda *args, **kwargs: started.append((args, kwargs)))
+    monkeypatch.setattr(_tfos_keras, "face_used", lambda sc, legacy_keras=None: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TFCluster.run(FakeSparkContext(), print, {}, 2, 0, queues=["input", "output", "error"])
+    with pytest.warns(UserWarning, match="queues=") as caught:
+        TFCluster.run(FakeSparkContext(), print, {}, 2, 1, False, 0, None, False, None, 60, ["input"])
+    assert len(caught) == 1
+    options = started[-1][0][4]
+    assert (options.num_ps, options.reservation_timeout) == (1, 60) and started[-1][1]["tfos_face"] is True

@@ -86,7 +86,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import keras
 import numpy as np
@@ -98,7 +98,10 @@ from .replica_steps import batch_rows, guard_legacy_steps, guarded_test_step, gu
 from .strategies import check_model_strategy, keras_flavor, sum_across_replicas, task_info_of
 from .strategies import strategy as process_strategy
 
-__all__ = ["DEFAULT_CHECKPOINT_EVERY_STEPS", "DatasetFn", "DistributedTrainer", "Progress", "fit"]
+if TYPE_CHECKING:
+    from typing import Unpack
+
+__all__ = ["DEFAULT_CHECKPOINT_EVERY_STEPS", "DatasetFn", "DistributedTrainer", "FitOptions", "Progress", "fit"]
 
 _log = logging.getLogger(__name__)
 
@@ -517,6 +520,24 @@ class DistributedTrainer:
             )
 
 
+class FitOptions(TypedDict, total=False):
+    """:func:`fit`'s less common keyword arguments (each also a keyword argument of ``fit``).
+
+    ``strategy`` (default: the model's, else :func:`tfonspark.distribute.strategy`),
+    ``shard_policy`` (a ``tf.data.experimental.AutoShardPolicy`` or its name, for a Dataset),
+    ``on_progress`` (called with a :class:`Progress` every ``log_every_steps`` steps, default
+    100), ``max_to_keep`` (checkpoints kept in ``model_dir``, default 3) and
+    ``checkpoint_every_steps`` (default :data:`DEFAULT_CHECKPOINT_EVERY_STEPS`; needs ``model_dir``).
+    """
+
+    strategy: tf.distribute.Strategy | None
+    shard_policy: str | tf.data.experimental.AutoShardPolicy | None
+    on_progress: ProgressFn | None
+    log_every_steps: int
+    max_to_keep: int
+    checkpoint_every_steps: int | None
+
+
 def fit(
     model: Any,
     dataset: tf.data.Dataset | DatasetFn,
@@ -527,33 +548,50 @@ def fit(
     validation_steps: int | None = None,
     callbacks: Sequence[keras.callbacks.Callback] | None = None,
     model_dir: str | os.PathLike[str] | None = None,
-    strategy: tf.distribute.Strategy | None = None,
     verbose: str | int = "auto",
-    shard_policy: str | tf.data.experimental.AutoShardPolicy | None = None,
-    on_progress: ProgressFn | None = None,
-    log_every_steps: int = 100,
-    max_to_keep: int = 3,
-    checkpoint_every_steps: int | None = None,
+    **options: Unpack[FitOptions],
 ) -> keras.callbacks.History:
     """Train a compiled Keras model on every node of the cluster; see the module docstring.
 
-    ``model`` is a compiled model made under ``strategy.scope()`` or a ``build_fn`` returning
-    one. With ``model_dir`` (shared by all workers), checkpoints every ``checkpoint_every_steps``
-    steps (a positive int; default :data:`DEFAULT_CHECKPOINT_EVERY_STEPS`) and at each epoch end,
-    and resumes from the latest; ``checkpoint_every_steps`` without ``model_dir`` is a
-    ConfigError. Returns a ``keras.callbacks.History`` (``.history``: per-epoch lists of ``loss``,
-    metrics and ``val_*``; ``.epoch``: the epoch indices run; ``.model``: the model).
+    With ``model_dir`` (shared by all workers), checkpoints every ``checkpoint_every_steps``
+    steps and at each epoch end, and resumes from the latest; ``checkpoint_every_steps`` without
+    ``model_dir`` is a ConfigError.
+
+    Parameters
+    ----------
+    model : keras.Model or callable
+        A compiled model made under ``strategy.scope()``, or a ``build_fn`` returning one.
+    dataset : tf.data.Dataset or callable
+        A ``tf.data.Dataset`` of global batches, or a ``dataset_fn(input_context)``.
+    epochs : int
+        The total number of epochs to reach (a resumed ``fit`` goes on from its checkpoint).
+    steps_per_epoch : int, optional
+        Steps per epoch; needed for an infinite dataset.
+    validation_data : tf.data.Dataset or callable, optional
+        Like ``dataset``, evaluated at each epoch end.
+    validation_steps : int, optional
+        Steps of each validation.
+    callbacks : sequence of keras.callbacks.Callback, optional
+        Keras callbacks, run on every worker.
+    model_dir : str or PathLike, optional
+        A directory all workers share, for checkpoints.
+    verbose : str or int
+        As in Keras' ``model.fit``.
+    **options : FitOptions
+        ``strategy``, ``shard_policy``, ``on_progress``, ``log_every_steps``, ``max_to_keep``,
+        ``checkpoint_every_steps``: see :class:`FitOptions`.
+
+    Returns a ``keras.callbacks.History`` (``.history``: per-epoch lists of ``loss``, metrics and
+    ``val_*``; ``.epoch``: the epoch indices run; ``.model``: the model).
+
+    Examples
+    --------
+    >>> history = tfonspark.keras.fit(build_model, ds, epochs=3, model_dir=args.model_dir)  # doctest: +SKIP
     """
-    trainer = DistributedTrainer(
-        model,
-        strategy=strategy,
-        model_dir=model_dir,
-        max_to_keep=max_to_keep,
-        shard_policy=shard_policy,
-        on_progress=on_progress,
-        log_every_steps=log_every_steps,
-        checkpoint_every_steps=checkpoint_every_steps,
-    )
+    unknown = sorted(set(options) - set(FitOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"fit() got unexpected keyword arguments: {', '.join(unknown)}")
+    trainer = DistributedTrainer(model, model_dir=model_dir, **options)
     return trainer.fit(
         dataset,
         epochs=epochs,

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from .. import settings
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
 from ..executor.gpus import requested_gpus
 from ..fs import default_fs
 from ..host import local_ip_towards
+from ..settings import Resolved, Settings, resolve
 from ..wire.framing import new_secret
 from .cluster import SPARK_SETTINGS, Cluster
 from .jobs import barrier_supported, wait_for_slots
@@ -23,124 +25,270 @@ from .rendezvous import RendezvousServer
 from .reports import Report, ReportLog
 from .restarts import check_max_restarts
 
-__all__ = ["run"]
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from pyspark import SparkContext
+
+    from .plan import NodeRole
+
+__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "run", "split_options", "start"]
 
 _log = logging.getLogger(__name__)
 _LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
 
 
-def _driver_host(sc: Any) -> str:
+def _driver_host(sc: SparkContext) -> str:
     host = sc.getConf().get("spark.driver.host", None)
     return host or local_ip_towards("8.8.8.8")
 
 
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How ``run()`` lays out and starts the cluster: TFoS's options of ``TFCluster.run``, and
+    ``max_restarts``. Each is also a keyword argument of :func:`run` (see there)."""
+
+    num_ps: int = 0
+    tensorboard: bool = False
+    input_mode: InputMode | int = InputMode.TENSORFLOW
+    log_dir: str | None = None
+    driver_ps_nodes: bool = False
+    master_node: str | None = None
+    reservation_timeout: float = 600
+    eval_node: bool = False
+    release_port: bool = True
+    max_restarts: int = 0
+
+
+class SettingKeywords(TypedDict, total=False):
+    """The fields of :class:`~tfonspark.settings.Settings` as keyword arguments (``None`` = not given)."""
+
+    server_host: str | None
+    server_port: int | str | None
+    feed_buffer_bytes: int | None
+    tensorboard_port: int | None
+    bind_host: str | None
+    heartbeat_timeout: float | None
+    collective: str | None
+    legacy_keras: bool | str | None
+    epoch_end_timeout: float | None
+    stream_stop_timeout: float | None
+
+
+class RunOptions(SettingKeywords, total=False):
+    """The keyword arguments of :func:`run` after ``launcher``: the fields of :class:`ClusterOptions`
+    and of :class:`~tfonspark.settings.Settings` (a shorthand for ``settings=``)."""
+
+    num_ps: int
+    tensorboard: bool
+    input_mode: InputMode | int
+    log_dir: str | None
+    driver_ps_nodes: bool
+    master_node: str | None
+    reservation_timeout: float
+    eval_node: bool
+    release_port: bool
+    max_restarts: int
+
+
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ClusterOptions))
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+def split_options(keywords: Mapping[str, Any]) -> tuple[ClusterOptions, dict[str, Any]]:
+    """``run()``'s keyword arguments as :class:`ClusterOptions` and the settings given by name."""
+    unknown = sorted(set(keywords) - _OPTION_NAMES - _SETTING_NAMES)
+    if unknown:
+        raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
+    options = ClusterOptions(**{k: v for k, v in keywords.items() if k in _OPTION_NAMES})
+    return options, {k: v for k, v in keywords.items() if k in _SETTING_NAMES}
+
+
 def run(
-    sc: Any,
+    sc: SparkContext,
     map_fun: Callable[[Any, Any], Any],
     tf_args: Any,
     num_executors: int,
-    num_ps: int = 0,
-    tensorboard: bool = False,
-    input_mode: InputMode | int = InputMode.TENSORFLOW,
-    log_dir: str | None = None,
-    driver_ps_nodes: bool = False,
-    master_node: str | None = None,
-    reservation_timeout: float = 600,
-    queues: Any = None,
-    eval_node: bool = False,
-    release_port: bool = True,
+    *,
+    settings: Settings | None = None,
+    on_report: Callable[[Report], Any] | None = None,
+    launcher: Launcher | None = None,
+    **options: Unpack[RunOptions],
+) -> Cluster:
+    """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors.
+
+    ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
+    every node is up. TFoS programs call ``TFCluster.run``, which takes TFoS's positional
+    arguments; here everything after ``num_executors`` is a keyword.
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+        The Spark context.
+    map_fun : callable
+        ``map_fun(tf_args, ctx)``, called in every node's TF process (``ctx``: a
+        :class:`~tfonspark.NodeContext`).
+    tf_args : object
+        Handed to ``map_fun`` as is (an ``argparse.Namespace``, a dict...).
+    num_executors : int
+        How many nodes (one per Spark executor, ps and evaluator included).
+    settings : Settings, optional
+        :class:`~tfonspark.settings.Settings`: each field given wins over its Spark conf key
+        ``spark.tfonspark.<camelCase name>``, its environment variable and its default (README,
+        "Settings").
+    on_report : callable, optional
+        Called on the driver with each :class:`Report` a node sends (``ctx.report({...})``);
+        default: logged at INFO on the ``tfonspark.report`` logger. All are in ``cluster.reports``.
+    launcher : Launcher, optional
+        Starts the node supervisors (default: a Spark job, a barrier stage where possible);
+        ``tfonspark.testing.LocalLauncher`` starts them without Spark, for tests.
+    **options : RunOptions
+        The fields of :class:`ClusterOptions`, TFoS's options of ``TFCluster.run`` with its
+        defaults: ``num_ps`` (0) parameter servers, ``tensorboard`` (False) on the chief,
+        ``input_mode`` (``InputMode.TENSORFLOW``) how data reaches TF, ``log_dir`` (None) for
+        TensorBoard, ``driver_ps_nodes`` (False) ps nodes on the driver, ``master_node`` (None)
+        the chief's job name (``"chief"``/``"master"``), ``reservation_timeout`` (600) seconds for
+        every node to register, ``eval_node`` (False) one evaluator node, ``release_port``
+        (True) the node releases its reserved port before ``map_fun``; and ``max_restarts`` (0):
+        after a node fails, tear the cluster down, reserve the executors again and start
+        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (README,
+        "Surviving node loss"). Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
+        a shorthand merged into ``settings``; giving one both ways is a ConfigError.
+
+    Raises ReservationTimeout if the executors cannot be reserved in time, ConfigError for a bad
+    argument or setting, TypeError for an unknown keyword.
+
+    Examples
+    --------
+    >>> cluster = tfonspark.run(sc, main_fun, args, 2, input_mode=InputMode.SPARK,  # doctest: +SKIP
+    ...                         settings=Settings(heartbeat_timeout=30))
+    """
+    cluster_options, by_name = split_options(options)
+    chosen = (settings or Settings()).merged(by_name)
+    return start(sc, map_fun, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher)
+
+
+def start(
+    sc: SparkContext,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    options: ClusterOptions,
+    chosen: Settings,
     *,
     on_report: Callable[[Report], Any] | None = None,
     launcher: Launcher | None = None,
-    server_host: str | None = None,
-    server_port: int | str | None = None,
-    feed_buffer_bytes: int | None = None,
-    tensorboard_port: int | None = None,
-    bind_host: str | None = None,
-    heartbeat_timeout: float | None = None,
-    collective: str | None = None,
-    legacy_keras: bool | str | None = None,
-    max_restarts: int = 0,
-    _tfos_face: bool = False,
+    tfos_face: bool = False,
 ) -> Cluster:
-    """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors (TFoS ``TFCluster.run``).
+    """:func:`run` once its keyword arguments are sorted; ``TFCluster.run`` and ``TFEstimator``
+    start here too (``tfos_face=True``: the TFoS face's Keras 2 default for the nodes)."""
+    plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
+    server, config = plan.form(0)
+    use_barrier = launcher is None and barrier_supported(sc)
+    launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
+    reserve = plan.reserver() if use_barrier else None
+    return _begin(plan, server, config, launcher, reserve, on_report, (map_fun, tf_args))
 
-    ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
-    every node is up; raises ReservationTimeout if the executors cannot be reserved in time.
-    ``on_report(report)`` is called on the driver for each ``ctx.report({...})`` a node makes
-    (default: logged at INFO on the ``tfonspark.report`` logger; all are in ``cluster.reports``).
-    ``launcher`` starts the node supervisors (default: a Spark job, a barrier stage where
-    possible); ``tfonspark.testing.LocalLauncher`` starts them without Spark, for tests.
-    ``max_restarts`` > 0: after a node fails, tear the cluster down, reserve the executors again
-    and start ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times
-    (README, "Surviving node loss").
 
-    The keyword arguments from ``server_host`` on are the settings of :mod:`tfonspark.settings`
-    (README, "Settings"): each one left at ``None`` is read from the Spark conf key
-    ``spark.tfonspark.<camelCase name>``, else from its environment variable, else its default.
-    """
-    from pyspark import cloudpickle
+@dataclass(frozen=True)
+class _Plan:
+    """What ``run()`` works out before any server or node exists, and how it forms each attempt."""
 
-    if not callable(map_fun):
-        raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
-    check_max_restarts(max_restarts)
-    roles = plan_roles(num_executors, num_ps, master_node, eval_node, driver_ps_nodes)
-    mode = InputMode(input_mode)
-    num_gpus = requested_gpus(tf_args)  # TFoS's tf_args.num_gpus: how many GPUs each node takes
-    chosen = {
-        "server_host": server_host,
-        "server_port": server_port,
-        "feed_buffer_bytes": feed_buffer_bytes,
-        "tensorboard_port": tensorboard_port,
-        "bind_host": bind_host,
-        "heartbeat_timeout": heartbeat_timeout,
-        "collective": collective,
-        "legacy_keras": legacy_keras,
-    }
-    resolved = settings.resolve(chosen, sc.getConf())
-    cluster_id = uuid.uuid4().hex
-    heartbeat_secs = min(5.0, resolved.heartbeat_timeout / 4)
-    keras = _node_keras(resolved.legacy_keras, _tfos_face)
+    sc: SparkContext
+    roles: list[NodeRole]
+    mode: InputMode
+    options: ClusterOptions
+    resolved: Resolved
+    keras: str  #: ``NodeConfig.legacy_keras``
+    num_gpus: int | None
+    tfos_face: bool
+    cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
-    def form(attempt: int) -> tuple[RendezvousServer, NodeConfig]:
+    @property
+    def heartbeat_secs(self) -> float:
+        """Supervisor <-> driver liveness messages: four per ``heartbeat_timeout``, at most 5 s apart."""
+        return min(5.0, self.resolved.heartbeat_timeout / 4)
+
+    def form(self, attempt: int) -> tuple[RendezvousServer, NodeConfig]:
         """A rendezvous server with a fresh secret, and the nodes' config for ``attempt``."""
         secret = new_secret()
         server = RendezvousServer(
-            cluster_id,
-            roles,
+            self.cluster_id,
+            self.roles,
             secret,
-            _driver_host(sc),
-            resolved.server_port,
-            bind_host=resolved.server_host or None,
-            heartbeat_secs=heartbeat_secs,
-            heartbeat_timeout=resolved.heartbeat_timeout,
+            _driver_host(self.sc),
+            self.resolved.server_port,
+            bind_host=self.resolved.server_host or None,
+            heartbeat_secs=self.heartbeat_secs,
+            heartbeat_timeout=self.resolved.heartbeat_timeout,
         )
-        config = NodeConfig(
-            cluster_id=cluster_id,
-            driver_host=server.address[0],
-            driver_port=server.address[1],
-            secret_hex=secret.hex(),
-            input_mode=mode,
-            tensorboard=tensorboard,
-            log_dir=log_dir,
-            release_port=release_port,
-            reservation_timeout=float(reservation_timeout),
-            default_fs=default_fs(sc),
-            chief_job=master_node if master_node in CHIEF_ROLES else "worker",
-            heartbeat_secs=heartbeat_secs,
-            legacy_keras=keras,
-            tfos_face=_tfos_face,
-            num_gpus=num_gpus,
-            attempt=attempt,
-            **resolved.node_fields(),
-        )
-        return server, config
+        return server, self.node_config(server.address, secret, attempt)
 
-    server, config = form(0)
-    use_barrier = launcher is None and barrier_supported(sc)
-    launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
-    needed = sum(1 for r in roles if not r.on_driver)
-    reserve = (lambda: _reserve_slots(sc, needed, float(reservation_timeout))) if use_barrier else None
+    def node_config(self, address: tuple[str, int], secret: bytes, attempt: int) -> NodeConfig:
+        """The nodes' config for ``attempt``, joining the rendezvous server at ``address``."""
+        opts = self.options
+        return NodeConfig(
+            cluster_id=self.cluster_id,
+            driver_host=address[0],
+            driver_port=address[1],
+            secret_hex=secret.hex(),
+            input_mode=self.mode,
+            tensorboard=opts.tensorboard,
+            log_dir=opts.log_dir,
+            release_port=opts.release_port,
+            reservation_timeout=float(opts.reservation_timeout),
+            default_fs=default_fs(self.sc),
+            chief_job=opts.master_node if opts.master_node in CHIEF_ROLES else "worker",
+            heartbeat_secs=self.heartbeat_secs,
+            legacy_keras=self.keras,
+            tfos_face=self.tfos_face,
+            num_gpus=self.num_gpus,
+            attempt=attempt,
+            **self.resolved.node_fields(),
+        )
+
+    def reserver(self) -> Callable[[], None]:
+        """Wait for every Spark task slot a barrier stage of the nodes needs."""
+        needed = sum(1 for r in self.roles if not r.on_driver)
+        return lambda: _reserve_slots(self.sc, needed, float(self.options.reservation_timeout))
+
+
+def _plan(
+    sc: SparkContext,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    options: ClusterOptions,
+    chosen: Settings,
+    tfos_face: bool,
+) -> _Plan:
+    """Check the arguments and resolve the settings: everything that can fail before a server starts."""
+    if not callable(map_fun):
+        raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
+    o = options
+    check_max_restarts(o.max_restarts)
+    roles = plan_roles(num_executors, o.num_ps, o.master_node, o.eval_node, o.driver_ps_nodes)
+    mode = InputMode(o.input_mode)
+    num_gpus = requested_gpus(tf_args)  # TFoS's tf_args.num_gpus: how many GPUs each node takes
+    resolved = resolve(chosen, sc.getConf())
+    keras = _node_keras(resolved.legacy_keras, tfos_face)
+    return _Plan(sc, roles, mode, o, resolved, keras, num_gpus, tfos_face)
+
+
+def _begin(
+    plan: _Plan,
+    server: RendezvousServer,
+    config: NodeConfig,
+    launcher: Launcher,
+    reserve: Callable[[], None] | None,
+    on_report: Callable[[Report], Any] | None,
+    program: tuple[Callable[[Any, Any], Any], Any],
+) -> Cluster:
+    """The :class:`Cluster`, its nodes started; torn down again if they cannot start."""
+    from pyspark import cloudpickle
+
+    sc, roles, mode, form, max_restarts = plan.sc, plan.roles, plan.mode, plan.form, plan.options.max_restarts
+    map_fun, tf_args = program
     cluster = Cluster(
         sc,
         roles,
@@ -164,7 +312,7 @@ def run(
     return cluster
 
 
-def _reserve_slots(sc: Any, needed: int, timeout: float) -> None:
+def _reserve_slots(sc: SparkContext, needed: int, timeout: float) -> None:
     """Barrier stages need every task slot at once: wait for them, or say which settings to change."""
     slots = wait_for_slots(sc, needed, timeout)
     if slots < needed:

@@ -6,13 +6,14 @@ so a batch that Spark runs again on the same cluster (a query restarted from its
 delivers each partition once. :class:`Streams` also decides when the streams stop: a watcher
 thread stops them as soon as a node fails (at once), a stop is requested
 (``tfonspark.request_stop``) or every data node has finished (both gracefully: the running
-micro-batch completes); ``Cluster.shutdown(ssc_or_query)`` waits for one of those, or for the
+micro-batch completes, for up to the ``stream_stop_timeout`` setting); ``Cluster.shutdown(ssc_or_query)`` waits for one of those, or for the
 stream to end by itself, within its timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ConfigError, FeedError
+from ..settings import DEFAULT_STREAM_STOP_TIMEOUT
 from ..wire.errors import capture
 from .feeding import Feeds
 
@@ -106,7 +108,9 @@ def _stop_context(ssc: Any, graceful: bool) -> None:
 class Streams:
     """The DStream contexts and queries feeding one cluster, and the thread that stops them."""
 
-    def __init__(self, feeds: Feeds, cluster: StreamCluster, label: str = "") -> None:
+    def __init__(
+        self, feeds: Feeds, cluster: StreamCluster, label: str = "", stop_timeout: float = DEFAULT_STREAM_STOP_TIMEOUT
+    ) -> None:
         self.feeds = feeds
         self.cluster = cluster
         self.label = label
@@ -114,7 +118,10 @@ class Streams:
         self.queries: list[Any] = []
         self.reason = ""  # why the streams were stopped
         self.stopped = threading.Event()
-        self._grace = 600.0  # how long a graceful stop waits for a running micro-batch
+        #: how long a graceful stop waits for a running micro-batch: the ``stream_stop_timeout``
+        #: setting (``NodeConfig.stream_stop_timeout``), capped by what is left of ``finish``'s timeout
+        self.stop_timeout = stop_timeout
+        self._deadline_left = math.inf
         self._asked: tuple[str, bool] | None = None
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
@@ -122,7 +129,6 @@ class Streams:
     # ---- feeding -------------------------------------------------------------------------------
     def train(self, data: Any, feed_timeout: float, qname: str, options: dict[str, Any]) -> Any:
         """Feed every micro-batch of ``data``; the StreamingQuery for a streaming DataFrame, else None."""
-        self._grace = max(self._grace, float(feed_timeout))
         stream_id = uuid.uuid4().hex[:12]
         if is_dstream(data):
             self._no_options(options, "a DStream")
@@ -215,9 +221,13 @@ class Streams:
                 log.warning("stopping a StreamingContext failed: %s", exc)
         for query in queries:
             try:
-                _stop_query(query, self._grace if graceful else _FAILED_BATCH_SECS)
+                _stop_query(query, self._grace() if graceful else _FAILED_BATCH_SECS)
             except Exception as exc:
                 log.warning("stopping streaming query %s failed: %s", query.name or query.id, exc)
+
+    def _grace(self) -> float:
+        """How long a graceful stop waits for a running micro-batch (see ``stop_timeout``)."""
+        return min(self.stop_timeout, self._deadline_left)
 
     def finish(self, stream: Any, timeout: float) -> tuple[bool, BaseException | None]:
         """``shutdown(stream)``: wait for a reason to stop or for ``stream`` to end, then stop every stream.
@@ -235,7 +245,7 @@ class Streams:
         if self._watcher is None:
             return True, None
         in_time = stream is None or self.stopped.is_set() or _ended(stream)[0]
-        self._grace = min(self._grace, max(deadline - time.monotonic(), 0.0))
+        self._deadline_left = max(deadline - time.monotonic(), 0.0)
         self.stop("shutdown() was called" if in_time else "shutdown(timeout=...) expired", graceful=in_time)
         done = self.stopped.wait(max(deadline - time.monotonic(), 10.0))
         return in_time and done, self._error()

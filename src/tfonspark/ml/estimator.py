@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark.ml import Estimator
 
 from ..config import InputMode
-from ..driver.launch import run
+from ..driver.launch import ClusterOptions, start
 from ..errors import ClusterError, ConfigError, InputError
+from ..settings import Settings
 from ..wire.errors import captured, raise_or
 from .model import TFModel
 from .params import (
@@ -198,19 +199,16 @@ class TFEstimator(
             feed = None
             args.tfrecord_dir = _tfrecords_for(dataset, self.getInputMapping(), args.tfrecord_dir)
         tf_args = args.argv if args.argv else args
-        cluster = run(
-            dataset.sparkSession.sparkContext,
-            self.train_fn,
-            tf_args,
-            args.cluster_size,
-            args.num_ps,
-            args.tensorboard,
-            mode,
+        options = ClusterOptions(
+            num_ps=args.num_ps,
+            tensorboard=args.tensorboard,
+            input_mode=mode,
             master_node=args.master_node,
             driver_ps_nodes=args.driver_ps_nodes,
             max_restarts=args.max_restarts,
-            _tfos_face=self._tfos_face,
         )
+        sc = dataset.sparkSession.sparkContext
+        cluster = start(sc, self.train_fn, tf_args, args.cluster_size, options, Settings(), tfos_face=self._tfos_face)
         _train_and_shutdown(cluster, feed, args)
         if self.export_fn is not None:
             _run_export_fn(dataset.sparkSession.sparkContext, self.export_fn, tf_args)

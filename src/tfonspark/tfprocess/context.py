@@ -11,12 +11,15 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..fs import qualify
 from .report import report_payload
 from .server import PortHandover, hand_over_port
 from .server import start_cluster_server as _start_cluster_server
+
+if TYPE_CHECKING:
+    from ..config import NodeConfig
 
 __all__ = ["NodeContext", "hdfs_path"]
 
@@ -68,7 +71,43 @@ def _visible_gpus() -> list[str]:
 
 
 class NodeContext:
-    """Who this node is in the cluster, where its data comes from, and TFoS helpers."""
+    """Who this node is in the cluster, where its data comes from, and TFoS helpers.
+
+    ``map_fun(args, ctx)`` gets one, made by the node's TF process (:meth:`in_cluster`); tests
+    and ``TFParallel`` make their own. ``ctx.tensorboard_url`` (the chief's TensorBoard, or "")
+    and ``ctx.attempt`` (0 on the cluster's first start, n after the driver restarted it n times:
+    resume from the last checkpoint when it is > 0) are set after construction.
+
+    Parameters
+    ----------
+    executor_id : int
+        The Spark executor this node runs on (TFoS's ``worker_num``).
+    job_name : str
+        The node's TF job: ``chief``, ``worker``, ``ps`` or ``evaluator``.
+    task_index : int
+        The node's index within its job.
+    cluster_spec : dict
+        TF's cluster spec, job name -> ``host:port`` addresses.
+    default_fs : str
+        The driver's Hadoop ``fs.defaultFS`` (``ctx.defaultFS``).
+    working_dir : str
+        The node's working directory.
+    mgr : FeedServer, optional
+        The node's feed server (TFoS's manager), read by :meth:`get_data_feed`.
+    tmp_socket : socket.socket, optional
+        The socket that holds the node's reserved TF port until :meth:`release_port`.
+    reporter : callable, optional
+        Sends :meth:`report`'s metrics to the driver; None logs them.
+    gpus : sequence of str, optional
+        The node's GPU addresses; default: its ``CUDA_VISIBLE_DEVICES``.
+
+    Examples
+    --------
+    >>> ctx = NodeContext(executor_id=1, job_name="worker", task_index=1, cluster_spec={"worker": ["a:1", "b:2"]},
+    ...                   default_fs="file://", working_dir="/tmp", gpus=[])
+    >>> ctx.num_workers, ctx.is_chief
+    (2, False)
+    """
 
     def __init__(
         self,
@@ -81,10 +120,8 @@ class NodeContext:
         working_dir: str,
         mgr: Any = None,
         tmp_socket: socket.socket | None = None,
-        tensorboard_url: str = "",
         reporter: Callable[[dict[str, Any]], None] | None = None,
         gpus: Sequence[str] | None = None,
-        attempt: int = 0,
     ) -> None:
         self.executor_id = executor_id
         self.worker_num = executor_id
@@ -97,24 +134,95 @@ class NodeContext:
         self.mgr = mgr
         self.tmp_socket = tmp_socket
         self._handover: PortHandover | None = None  # the reserved port, until its server binds it
-        self.tensorboard_url = tensorboard_url
+        self.tensorboard_url = ""  #: the chief's TensorBoard, set once it runs
         self._reporter = reporter
         #: the GPU addresses this node's TF process was given (its ``CUDA_VISIBLE_DEVICES`` unless
         #: passed in); [] = the CPU. Chosen by the supervisor (README, "GPUs").
         self.gpus: list[str] = list(gpus) if gpus is not None else _visible_gpus()
         #: 0 on the cluster's first start, n after the driver restarted it n times (``max_restarts``):
         #: resume from the last checkpoint when it is > 0
-        self.attempt = attempt
+        self.attempt = 0
+
+    @classmethod
+    def in_cluster(
+        cls,
+        config: NodeConfig,
+        placement: Mapping[str, Any],
+        *,
+        mgr: Any = None,
+        tmp_socket: socket.socket | None = None,
+        reporter: Callable[[dict[str, Any]], None] | None = None,
+    ) -> NodeContext:
+        """The context of a node of a cluster: from its ``NodeConfig`` and its place in the cluster.
+
+        Parameters
+        ----------
+        config : NodeConfig
+            What the driver sent every node (``default_fs``, ``attempt``).
+        placement : Mapping
+            The node's ``executor_id``, ``job_name``, ``task_index``, ``cluster_spec`` and
+            ``working_dir`` (the supervisor's header).
+        mgr : FeedServer, optional
+            As for :class:`NodeContext`.
+        tmp_socket : socket.socket, optional
+            As for :class:`NodeContext`.
+        reporter : callable, optional
+            As for :class:`NodeContext`.
+
+        Examples
+        --------
+        >>> from tfonspark.config import NodeConfig
+        >>> config = NodeConfig("c1", "127.0.0.1", 1, "ab" * 32, attempt=2)
+        >>> place = {"executor_id": 0, "job_name": "chief", "task_index": 0,
+        ...          "cluster_spec": {"chief": ["a:1"]}, "working_dir": "/tmp"}
+        >>> ctx = NodeContext.in_cluster(config, place)
+        >>> ctx.attempt, ctx.is_chief
+        (2, True)
+        """
+        ctx = cls(
+            executor_id=placement["executor_id"],
+            job_name=placement["job_name"],
+            task_index=placement["task_index"],
+            cluster_spec=placement["cluster_spec"],
+            default_fs=config.default_fs,
+            working_dir=placement["working_dir"],
+            mgr=mgr,
+            tmp_socket=tmp_socket,
+            reporter=reporter,
+        )
+        ctx.attempt = config.attempt
+        return ctx
 
     @property
     def is_chief(self) -> bool:
-        """True on the chief/master, or on worker 0 when the cluster has no chief."""
+        """True on the chief/master, or on worker 0 when the cluster has no chief.
+
+        Examples
+        --------
+        >>> NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={"worker": ["a:1"]},
+        ...             default_fs="file://", working_dir="/tmp", gpus=[]).is_chief
+        True
+        """
         if self.job_name in ("chief", "master"):
             return True
         has_chief = any(k in self.cluster_spec for k in ("chief", "master"))
         return self.job_name == "worker" and self.task_index == 0 and not has_chief
 
     def absolute_path(self, path: str) -> str:
+        """``path`` resolved against the cluster's default filesystem: :func:`hdfs_path` (TFoS).
+
+        Parameters
+        ----------
+        path : str
+            A path or URI.
+
+        Examples
+        --------
+        >>> ctx = NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={},
+        ...                   default_fs="hdfs://nn:8020", working_dir="/home/me", gpus=[])
+        >>> ctx.absolute_path("/data/mnist")
+        'hdfs://nn:8020/data/mnist'
+        """
         return hdfs_path(self, path)
 
     def release_port(self, *, now: bool = False) -> None:
@@ -128,6 +236,19 @@ class NodeContext:
         (:mod:`tfonspark.tfprocess.server` says exactly what is left). ``now=True``
         frees it at once, for a server started some other way (a child process, a library
         outside Python and TensorFlow). ``ctx.tmp_socket`` is None afterwards either way.
+
+        Parameters
+        ----------
+        now : bool
+            Free the port at once instead of handing it to the next server that binds it.
+
+        Examples
+        --------
+        >>> ctx = NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={},
+        ...                   default_fs="file://", working_dir="/tmp", gpus=[])
+        >>> ctx.release_port(now=True)  # in map_fun of a release_port=False cluster
+        >>> ctx.tmp_socket is None
+        True
         """
         sock, self.tmp_socket = self.tmp_socket, None
         if sock is not None:
@@ -141,7 +262,26 @@ class NodeContext:
     def get_data_feed(
         self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output", input_mapping: Any = None
     ) -> Any:
-        """A :class:`~tfonspark.tfprocess.datafeed.DataFeed` on this node's fed data."""
+        """A :class:`~tfonspark.tfprocess.datafeed.DataFeed` on this node's fed data (``InputMode.SPARK``).
+
+        Parameters
+        ----------
+        train_mode : bool
+            True for ``cluster.train`` feeds; False for ``cluster.inference`` (results go back).
+        qname_in : str
+            The queue the driver feeds (``train(..., qname=...)``).
+        qname_out : str
+            The queue results go back on (TFoS; one per feed here).
+        input_mapping : dict, optional
+            Column names -> tensor names, for DataFrame feeds (TFoS).
+
+        Examples
+        --------
+        >>> def map_fun(args, ctx):  # doctest: +SKIP
+        ...     feed = ctx.get_data_feed(train_mode=True)
+        ...     while not feed.should_stop():
+        ...         batch = feed.next_batch(64)
+        """
         from .datafeed import DataFeed
 
         return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
@@ -163,6 +303,17 @@ class NodeContext:
         and if more than 256 are waiting the oldest are. Reports still waiting when ``map_fun``
         returns are sent before the process exits (for up to 10 s). Outside a cluster (a
         context made by hand) reports are logged at INFO on the ``tfonspark.report`` logger.
+
+        Parameters
+        ----------
+        metrics : Mapping
+            ``str`` keys, JSON values.
+
+        Examples
+        --------
+        >>> ctx = NodeContext(executor_id=0, job_name="worker", task_index=0, cluster_spec={},
+        ...                   default_fs="file://", working_dir="/tmp", gpus=[])
+        >>> ctx.report({"epoch": 3, "loss": 0.21})  # outside a cluster: logged
         """
         payload = report_payload(metrics)
         if self._reporter is None:
@@ -171,7 +322,19 @@ class NodeContext:
         self._reporter(payload)
 
     def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
-        """Start this node's ``tf.distribute.Server``: see :func:`tfonspark.tfprocess.server.start_cluster_server`."""
+        """Start this node's ``tf.distribute.Server`` (TFoS): see :func:`tfonspark.tfprocess.server.start_cluster_server`.
+
+        Parameters
+        ----------
+        num_gpus : int
+            GPUs the server may use (TFoS).
+        rdma : bool
+            Use RDMA (TFoS; ignored where TF has none).
+
+        Examples
+        --------
+        >>> cluster, server = ctx.start_cluster_server(num_gpus=0)  # doctest: +SKIP
+        """
         return _start_cluster_server(self, num_gpus, rdma)
 
     def export_saved_model(
@@ -185,6 +348,21 @@ class NodeContext:
 
         A Keras model built under a strategy is exported by every worker and kept by the chief;
         anything else is written only where ``is_chief`` is true.
+
+        Parameters
+        ----------
+        model : keras.Model or tf.Module
+            A Keras model or a ``tf.Module``.
+        export_dir : str or PathLike
+            Where the SavedModel goes.
+        signatures : optional
+            As for ``tf.saved_model.save``.
+        is_chief : bool
+            Whether this node keeps the export (TFoS).
+
+        Examples
+        --------
+        >>> ctx.export_saved_model(model, args.export_dir, is_chief=ctx.is_chief)  # doctest: +SKIP
         """
         from ..distribute.checkpoint import export_saved_model
 

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FeedError, ProtocolError
-from ..settings import DEFAULT_FEED_BUFFER_BYTES
-from ..wire import events as ev
+from ..settings import DEFAULT_FEED_BUFFER_BYTES, feed_hold_limit
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
@@ -117,12 +116,6 @@ class Stream:
 
 class ConsumerStalled(TimeoutError):
     """``map_fun`` took no data for the feed's timeout while a feeder waited to deliver."""
-
-
-def _holding_limit(timeout: float) -> float:
-    """How long a receiving thread waits for room: past the feeder's own feed_timeout, so the
-    feeder reports the stall (FeedTimeout naming this node) before this side hangs up."""
-    return 1.5 * timeout + 5.0
 
 
 class ByteQueue:
@@ -399,11 +392,11 @@ class FeedServer:
         secret: bytes,
         buffer_bytes: int = DEFAULT_FEED_BUFFER_BYTES,
         host: str = "127.0.0.1",
-        on_event: Callable[[ev.NodeEvent], None] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.secret = secret
         self.buffer_bytes = buffer_bytes
-        self.on_event = on_event or (lambda event: None)
+        self.on_event = on_event or (lambda kind, detail: None)
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
@@ -489,7 +482,7 @@ class FeedServer:
 
     def _receive_train(self, stream: Stream, queue: ByteQueue) -> bool:
         staging = _Staging(queue, self._buffers)
-        limit = _holding_limit(stream.timeout)
+        limit = feed_hold_limit(stream.timeout)  # derived from feed_timeout (settings)
 
         def take(payload: memoryview) -> bool:
             stream.received += batch_count(payload)
@@ -512,7 +505,7 @@ class FeedServer:
             staging.discard()
 
     def _receive_inference(self, stream: Stream, queue: ByteQueue) -> bool:
-        limit = _holding_limit(stream.timeout)
+        limit = feed_hold_limit(stream.timeout)  # derived from feed_timeout (settings)
 
         def take(payload: memoryview) -> bool:
             batch = decode_batch(payload)
@@ -556,7 +549,7 @@ class FeedServer:
         """Tell the feeder (and the driver) why its partition was dropped."""
         log.warning("feed server: %s", refused)
         assert stream.key is not None
-        self.on_event(ev.FeedRefused(stream.key[0], stream.partition, str(refused)))
+        self.on_event("feed_refused", {"partition": stream.partition, "feed_id": stream.key[0], "reason": str(refused)})
         m.send_message(stream.conn, m.Reject(str(refused)))
 
     def _stalled(self, stream: Stream) -> None:
@@ -566,8 +559,16 @@ class FeedServer:
             stream.partition,
             stream.timeout,
         )
-        feed_id = stream.key[0] if stream.key else ""
-        self.on_event(ev.FeedStalled(feed_id, stream.partition, stream.received, stream.timeout, stream.train))
+        self.on_event(
+            "feed_stalled",
+            {
+                "partition": stream.partition,
+                "timeout": stream.timeout,
+                "received": stream.received,
+                "train": stream.train,
+                "feed_id": stream.key[0] if stream.key else "",
+            },
+        )
 
     @staticmethod
     def _drain(stream: Stream, payload: memoryview | None) -> None:
@@ -586,7 +587,7 @@ class FeedServer:
         once every data node has terminated, as once every one has exited.
         """
         if not self.terminated:
-            self.on_event(ev.FeedTerminated())
+            self.on_event("feed_terminated", {})
         self._stop_taking()
 
     def _stop_taking(self) -> None:
