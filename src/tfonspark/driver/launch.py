@@ -17,6 +17,7 @@ from ..fs import default_fs
 from ..host import local_ip_towards
 from ..settings import Resolved, Settings, resolve
 from ..wire.framing import new_secret
+from .assemble import start_cluster
 from .cluster import SPARK_SETTINGS, Cluster
 from .jobs import barrier_supported, wait_for_slots
 from .launcher import Launcher, SparkLauncher
@@ -183,11 +184,10 @@ def start(
     """:func:`run` once its keyword arguments are sorted; ``TFCluster.run`` and ``TFEstimator``
     start here too (``tfos_face=True``: the TFoS face's Keras 2 default for the nodes)."""
     plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
-    server, config = plan.form(0)
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
     reserve = plan.reserver() if use_barrier else None
-    return _begin(plan, server, config, launcher, reserve, on_report, (map_fun, tf_args))
+    return _begin(plan, launcher, reserve, on_report, (map_fun, tf_args))
 
 
 @dataclass(frozen=True)
@@ -277,39 +277,23 @@ def _plan(
 
 def _begin(
     plan: _Plan,
-    server: RendezvousServer,
-    config: NodeConfig,
     launcher: Launcher,
     reserve: Callable[[], None] | None,
     on_report: Callable[[Report], Any] | None,
     program: tuple[Callable[[Any, Any], Any], Any],
 ) -> Cluster:
-    """The :class:`Cluster`, its nodes started; torn down again if they cannot start."""
-    from pyspark import cloudpickle
-
-    sc, roles, mode, form, max_restarts = plan.sc, plan.roles, plan.mode, plan.form, plan.options.max_restarts
-    map_fun, tf_args = program
-    cluster = Cluster(
-        sc,
-        roles,
-        server,
-        config,
-        mode,
+    """The :class:`Cluster` (it forms attempt 0 with ``plan.form``), its nodes started; torn down if they cannot."""
+    return start_cluster(
+        plan.sc,
+        plan.roles,
+        plan.mode,
+        plan.form,
+        program,
         reports=ReportLog(on_report),
         launcher=launcher,
-        max_restarts=max_restarts,
-        reform=form,
+        max_restarts=plan.options.max_restarts,
         reserve=reserve,
     )
-    try:
-        if reserve is not None:
-            reserve()
-        payload: bytes = cloudpickle.dumps((map_fun, tf_args))  # type: ignore[no-untyped-call]  # untyped in pyspark
-        cluster._begin(payload)
-    except BaseException:
-        cluster._teardown(grace_secs=0)
-        raise
-    return cluster
 
 
 def _reserve_slots(sc: SparkContext, needed: int, timeout: float) -> None:

@@ -2,11 +2,11 @@
 
 Spawned by the supervisor as ``python -m tfonspark.tfprocess.entry --cluster ID --node ROLE:INDEX``
 (labels for ``ps`` only) with the bootstrap on stdin.
-Events go to the supervisor over a status pipe as JSON lines: ``feed`` with the feed server's
-Unix socket as soon as it exists (so the supervisor removes it however this process dies),
-``up`` once the node is ready, ``node_event`` for what the feed server reports while it runs
-and for ``ctx.report({...})`` (kind ``report``, sent from a background thread: :mod:`.report`),
-``error`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died:
+Events go to the supervisor over a status pipe, one typed event a line (:mod:`..wire.events`):
+``FeedSocket`` as soon as the feed server's Unix socket exists (so the supervisor removes it
+however this process dies), ``ProcessUp`` once the node is ready, a ``NodeEvent`` for what the
+feed server reports while it runs and for ``ctx.report({...})`` (``Reported``, sent from a
+background thread: :mod:`.report`), ``ProcessError`` with the traceback if ``map_fun`` raises. EOF on stdin means the supervisor died:
 this process removes its feed socket and exits at once (with its process group: TensorBoard)
 rather than outlive it.
 """
@@ -14,7 +14,6 @@ rather than outlive it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,8 @@ from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
 from ..host import bind_address, remove_scratch
+from ..wire import events as ev
+from ..wire import messages as m
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import remove_unix_socket
 from .context import NodeContext
@@ -65,30 +66,28 @@ def _parent_gone() -> None:
     os._exit(70)
 
 
-def _emit(status: IO[str], event: str, **fields: Any) -> None:
+def _emit(status: IO[str], event: m.Message) -> None:
     """Write one status line; a supervisor that is gone is handled by ``_watch_parent``."""
-    line = json.dumps({"event": event, **fields}, default=str) + "\n"
+    line = ev.to_line(event)
     with _status_lock, contextlib.suppress(OSError, ValueError):
         status.write(line)
         status.flush()
 
 
-def _event_sink(status: IO[str]) -> Callable[[str, dict[str, Any]], None]:
-    """The feed server's ``on_event``: forwards ``(kind, detail)`` to the driver via the supervisor."""
+def _event_sink(status: IO[str]) -> Callable[[ev.NodeEvent], None]:
+    """The feed server's ``on_event``: forwards a node event to the driver via the supervisor."""
 
-    def on_event(kind: str, detail: dict[str, Any]) -> None:
+    def on_event(event: ev.NodeEvent) -> None:
         with contextlib.suppress(Exception):  # never break a feed-server thread over a report
-            _emit(
-                status, "node_event", kind=str(kind), detail=detail if isinstance(detail, dict) else {"value": detail}
-            )
+            _emit(status, event)
 
     return on_event
 
 
 def _reporter(status: IO[str]) -> Reporter:
-    """``ctx.report``'s sender: ``node_event`` lines of kind ``report``, written off the caller's thread."""
+    """``ctx.report``'s sender: ``Reported`` events, written off the caller's thread."""
     on_event = _event_sink(status)
-    return Reporter(lambda payload: on_event("report", payload))
+    return Reporter(lambda payload: on_event(ev.Reported(payload)))
 
 
 def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status: IO[str]) -> Any:
@@ -102,7 +101,7 @@ def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status
         )
         _State.feed_path = feed.unix_path
     if feed.unix_path:
-        _emit(status, "feed", data_path=feed.unix_path)
+        _emit(status, ev.FeedSocket(feed.unix_path))
     return feed
 
 
@@ -141,14 +140,8 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
         if config.release_port:
             ctx.release_port()
         map_fun, tf_args = cloudpickle.loads(payload)
-        _emit(
-            status,
-            "up",
-            host=host,
-            data_port=feed.port if feed else 0,
-            data_path=feed.unix_path if feed else "",
-            tensorboard_url=ctx.tensorboard_url,
-        )
+        up = ev.ProcessUp(host, feed.port if feed else 0, feed.unix_path if feed else "", ctx.tensorboard_url or "")
+        _emit(status, up)
         try:
             map_fun(tf_args, ctx)
         except BaseException as exc:
@@ -157,7 +150,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
             if hint:
                 text += f"Hint: {hint}\n"
             sys.stderr.write(text)
-            _emit(status, "error", traceback=text)
+            _emit(status, ev.ProcessError(text))
             return 1
         finally:
             reporter.flush(_REPORT_FLUSH_SECS)  # what map_fun reported last is often the result
@@ -177,7 +170,7 @@ def main() -> None:
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        _emit(status, "error", traceback=text)
+        _emit(status, ev.ProcessError(text))
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

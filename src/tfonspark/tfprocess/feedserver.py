@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import FeedError, ProtocolError
 from ..settings import DEFAULT_FEED_BUFFER_BYTES, feed_hold_limit
+from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
@@ -392,11 +393,11 @@ class FeedServer:
         secret: bytes,
         buffer_bytes: int = DEFAULT_FEED_BUFFER_BYTES,
         host: str = "127.0.0.1",
-        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_event: Callable[[ev.NodeEvent], None] | None = None,
     ) -> None:
         self.secret = secret
         self.buffer_bytes = buffer_bytes
-        self.on_event = on_event or (lambda kind, detail: None)
+        self.on_event = on_event or (lambda event: None)
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
@@ -549,7 +550,7 @@ class FeedServer:
         """Tell the feeder (and the driver) why its partition was dropped."""
         log.warning("feed server: %s", refused)
         assert stream.key is not None
-        self.on_event("feed_refused", {"partition": stream.partition, "feed_id": stream.key[0], "reason": str(refused)})
+        self.on_event(ev.FeedRefused(stream.key[0], stream.partition, str(refused)))
         m.send_message(stream.conn, m.Reject(str(refused)))
 
     def _stalled(self, stream: Stream) -> None:
@@ -559,16 +560,8 @@ class FeedServer:
             stream.partition,
             stream.timeout,
         )
-        self.on_event(
-            "feed_stalled",
-            {
-                "partition": stream.partition,
-                "timeout": stream.timeout,
-                "received": stream.received,
-                "train": stream.train,
-                "feed_id": stream.key[0] if stream.key else "",
-            },
-        )
+        feed_id = stream.key[0] if stream.key else ""
+        self.on_event(ev.FeedStalled(feed_id, stream.partition, stream.received, stream.timeout, stream.train))
 
     @staticmethod
     def _drain(stream: Stream, payload: memoryview | None) -> None:
@@ -587,7 +580,7 @@ class FeedServer:
         once every data node has terminated, as once every one has exited.
         """
         if not self.terminated:
-            self.on_event("feed_terminated", {})
+            self.on_event(ev.FeedTerminated())
         self._stop_taking()
 
     def _stop_taking(self) -> None:
