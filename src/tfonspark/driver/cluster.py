@@ -151,7 +151,8 @@ class Cluster:
             raise ConfigError(f"{', '.join(given)} apply to a streaming DataFrame. Received: {type(data).__name__}")
         label = self.cluster_id[:8]
         if self._attempts.max_restarts:
-            return train_epochs(self._attempts, self._feeds, data, num_epochs, feed_timeout, qname, label, feed_timeout)
+            read_wait = self._attempts.gang.config.epoch_end_timeout  # the epoch_end_timeout setting
+            return train_epochs(self._attempts, self._feeds, data, num_epochs, feed_timeout, qname, label, read_wait)
         return self._feeds.train(data, num_epochs, feed_timeout, qname, label=label)
 
     def inference(self, data: Any, feed_timeout: float = 600, qname: str = "input", output_schema: Any = None) -> Any:

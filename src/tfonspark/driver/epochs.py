@@ -76,7 +76,7 @@ def await_read_through(gang: Gang, feed_id: str, epoch: int, timeout: float) -> 
         gang.check()
         if server.event_count == progress:
             log.warning(
-                "train(): the data nodes have not read the last epoch to its end after feed_timeout=%.0fs "
+                "train(): the data nodes have not read the last epoch to its end after epoch_end_timeout=%.0fs "
                 "without progress; a node failing now restarts without it being fed again",
                 timeout,
             )
