@@ -511,7 +511,7 @@ def node_value(
 
 
 def markdown_table() -> str:
-    """The settings table of the README, made from :data:`SETTINGS` (a test keeps them equal)."""
+    """The settings table of docs/settings.md, made from :data:`SETTINGS` (a test keeps them equal)."""
     rows = [
         "| keyword argument | Spark conf key | environment variable | default | meaning |",
         "| --- | --- | --- | --- | --- |",

@@ -5,14 +5,14 @@ itself defines) must have a docstring that
 
 * has a ``Parameters`` (``----`` underlined) or ``Args:`` section naming each parameter, when it
   takes any besides ``self``/``cls`` (a class: its constructor's);
-* shows an example: a ``>>>`` line, or an ``Example(s)`` section.
+* shows an example: a ``>>>`` line, or an ``Example(s)`` section (a property: inline code will do).
 
 Methods a class inherits are checked where they are defined: Spark ML's ``fit``/``transform``
 in pyspark, the ``set<Param>``/``get<Param>`` methods of TFEstimator and TFModel in
-:mod:`tfonspark.ml.params`. :data:`PENDING` lists the objects whose docstrings are being written;
-they are checked the same way but may fail (``xfail``, not strict) until they land.
+:mod:`tfonspark.ml.params`.
 
-The examples of :data:`PUBLIC` that need no cluster are run, too, so that they stay true.
+The examples of :data:`PUBLIC`, which need no cluster, are run, too, so that they stay true;
+those of :data:`NEEDS_A_CLUSTER` are only checked for.
 """
 
 from __future__ import annotations
@@ -39,12 +39,16 @@ PUBLIC: list[Any] = [
     TFModel,
 ]
 
-PENDING: list[Any] = [
+#: Checked the same way; their examples need a Spark cluster or a TF node, so they are not run.
+NEEDS_A_CLUSTER: list[Any] = [
     tfonspark.run,
     tfonspark.Cluster,
     tfonspark.NodeContext,
     tfonspark.keras.fit,
 ]
+
+#: Classes users get from tfonspark and never construct: their constructor is not documented.
+MADE_FOR_USERS = {tfonspark.Cluster, tfonspark.NodeContext}
 
 _PARAMETERS = re.compile(r"^[ \t]*(Parameters[ \t]*\n[ \t]*-{3,}|Args:|Arguments:)[ \t]*$", re.M)
 _EXAMPLE = re.compile(r"^[ \t]*(>>>|Examples?[ \t]*\n[ \t]*-{3,}[ \t]*$|Examples?:[ \t]*$)", re.M)
@@ -73,7 +77,8 @@ def _checked(objects: list[Any]) -> list[tuple[str, Any, Callable[..., Any] | No
     out: list[tuple[str, Any, Callable[..., Any] | None]] = []
     for obj in objects:
         if inspect.isclass(obj):
-            out.append((_name(obj), obj, obj.__init__ if "__init__" in vars(obj) else None))
+            takes = "__init__" in vars(obj) and obj not in MADE_FOR_USERS
+            out.append((_name(obj), obj, obj.__init__ if takes else None))
             out.extend(_members(obj))
         else:
             out.append((_name(obj), obj, obj))
@@ -91,10 +96,7 @@ def _parameters(fn: Callable[..., Any] | None) -> list[str]:
 
 
 def _cases() -> list[Any]:
-    pending = pytest.mark.xfail(strict=False, reason="docstring being written")
-    return [pytest.param(doc, fn, id=name) for name, doc, fn in _checked(PUBLIC)] + [
-        pytest.param(doc, fn, id=name, marks=pending) for name, doc, fn in _checked(PENDING)
-    ]
+    return [pytest.param(doc, fn, id=name) for name, doc, fn in _checked(PUBLIC + NEEDS_A_CLUSTER)]
 
 
 def _section(doc: str, start: re.Match[str]) -> str:
@@ -114,8 +116,10 @@ def test_docstring_has_parameters_and_an_example(owner: Any, fn: Callable[..., A
         header = _PARAMETERS.search(doc)
         assert header, f"takes {names} but has no Parameters (numpy) or Args: (google) section"
         section = _section(doc, header)
-        missing = [n for n in names if not re.search(rf"^[ \t]*\**{re.escape(n)}\b", section, re.M)]
+        missing = [n for n in names if not re.search(rf"^[ \t]*(\**\w+, *)*\**{re.escape(n)}\b", section, re.M)]
         assert not missing, f"the Parameters section does not describe {missing}"
+    if isinstance(owner, property) and "``" in doc:
+        return  # a property's example may be inline: ``cluster.restart_log[0].cause``
     assert _EXAMPLE.search(doc), "no example (a >>> line, or an Examples section)"
 
 

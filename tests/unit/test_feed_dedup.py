@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def server_and_events():
     events: list[tuple[str, dict]] = []
-    server = FeedServer(SECRET, buffer_bytes=1 << 22, on_event=lambda event: events.append((event.TYPE, dict(vars(event)))))
+    server = FeedServer(
+        SECRET, buffer_bytes=1 << 22, on_event=lambda event: events.append((event.TYPE, dict(vars(event))))
+    )
     yield server, events
     server.close()
 

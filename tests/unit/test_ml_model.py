@@ -12,6 +12,7 @@ from tfonspark.errors import ClusterError, ConfigError, FeedError, InputError
 from tfonspark.ml import Namespace, TFEstimator, TFModel
 from tfonspark.ml import estimator as estimator_module
 from tfonspark.ml import persistence as p
+from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext
 from tfonspark.wire.errors import CapturedError, reraise
 
@@ -55,7 +56,7 @@ def _train(args, ctx):
 
 @pytest.fixture
 def fake_run(monkeypatch):
-    """Replace the ``run`` TFEstimator starts clusters with; lists (args, kwargs, cluster) per call."""
+    """Replace the ``start`` TFEstimator starts clusters with; lists (args, kwargs, cluster) per call."""
     started: list[tuple] = []
 
     def run(*args, **kwargs):
@@ -63,7 +64,7 @@ def fake_run(monkeypatch):
         started.append((args, kwargs, cluster))
         return cluster
 
-    monkeypatch.setattr(estimator_module, "run", run)
+    monkeypatch.setattr(estimator_module, "start", run)
     run.started = started  # type: ignore[attr-defined]
     return run
 
@@ -181,9 +182,11 @@ def test_fit_feeds_sorted_mapped_columns_and_returns_a_model(fake_run, tmp_path)
     )
     model = estimator.fit(frame)
     ((args, kwargs, cluster),) = fake_run.started
-    sc, train_fn, tf_args, cluster_size, num_ps, tensorboard, mode = args
-    assert train_fn is _train and (cluster_size, num_ps, tensorboard, mode) == (2, 0, False, InputMode.SPARK)
-    assert kwargs == {"master_node": "chief", "driver_ps_nodes": False, "max_restarts": 0, "_tfos_face": False}
+    sc, train_fn, tf_args, cluster_size, options, settings = args
+    assert train_fn is _train and cluster_size == 2 and settings == Settings()
+    assert (options.num_ps, options.tensorboard, options.input_mode) == (0, False, InputMode.SPARK)
+    assert (options.master_node, options.driver_ps_nodes, options.max_restarts) == ("chief", False, 0)
+    assert kwargs == {"tfos_face": False}
     assert tf_args.lr == 0.5 and tf_args.epochs == 3 and tf_args.input_mapping == {"b": "y", "a": "x"}
     assert cluster.calls == [("train", ["a", "b"], 3, 42.0), ("shutdown", 0.0, 259200)]
     assert isinstance(model, TFModel) and model.args == Namespace({"lr": 0.5})

@@ -123,7 +123,7 @@ class Cluster:
         num_epochs
             How many times an RDD/DataFrame is fed (1 for a stream).
         feed_timeout
-            Seconds either end of a partition's feed waits for the other before giving up.
+            Seconds a feed may make no progress before it fails with ``FeedTimeout``.
         qname
             The node's queue (``ctx.get_data_feed(qname=...)``).
         trigger, checkpoint_location, query_name
@@ -164,7 +164,7 @@ class Cluster:
             An RDD (results: an RDD), a DataFrame (a DataFrame), a DStream (a DStream) or a
             streaming DataFrame (a streaming DataFrame: pick its sink and checkpoint yourself).
         feed_timeout
-            Seconds either end of a partition's feed waits for the other before giving up.
+            Seconds a feed may make no progress before it fails with ``FeedTimeout``.
         qname
             The node's queue (``ctx.get_data_feed(qname=...)``).
         output_schema
@@ -226,10 +226,6 @@ class Cluster:
 
     def tensorboard_url(self) -> str | None:
         """The TensorBoard URL of the chief (or worker 0), if ``tensorboard=True``; else None.
-
-        Parameters
-        ----------
-        None
 
         Examples
         --------

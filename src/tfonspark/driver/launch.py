@@ -135,8 +135,7 @@ def run(
         How many nodes (one per Spark executor, ps and evaluator included).
     settings : Settings, optional
         :class:`~tfonspark.settings.Settings`: each field given wins over its Spark conf key
-        ``spark.tfonspark.<camelCase name>``, its environment variable and its default (README,
-        "Settings").
+        ``spark.tfonspark.<camelCase name>``, its environment variable and its default (docs/settings.md).
     on_report : callable, optional
         Called on the driver with each :class:`Report` a node sends (``ctx.report({...})``);
         default: logged at INFO on the ``tfonspark.report`` logger. All are in ``cluster.reports``.
@@ -152,8 +151,7 @@ def run(
         every node to register, ``eval_node`` (False) one evaluator node, ``release_port``
         (True) the node releases its reserved port before ``map_fun``; and ``max_restarts`` (0):
         after a node fails, tear the cluster down, reserve the executors again and start
-        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (README,
-        "Surviving node loss"). Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
+        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (docs/restarts.md). Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
         a shorthand merged into ``settings``; giving one both ways is a ConfigError.
 
     Raises ReservationTimeout if the executors cannot be reserved in time, ConfigError for a bad

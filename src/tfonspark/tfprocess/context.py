@@ -137,7 +137,7 @@ class NodeContext:
         self.tensorboard_url = ""  #: the chief's TensorBoard, set once it runs
         self._reporter = reporter
         #: the GPU addresses this node's TF process was given (its ``CUDA_VISIBLE_DEVICES`` unless
-        #: passed in); [] = the CPU. Chosen by the supervisor (README, "GPUs").
+        #: passed in); [] = the CPU. Chosen by the supervisor (docs/gpus.md).
         self.gpus: list[str] = list(gpus) if gpus is not None else _visible_gpus()
         #: 0 on the cluster's first start, n after the driver restarted it n times (``max_restarts``):
         #: resume from the last checkpoint when it is > 0
