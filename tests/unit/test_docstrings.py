@@ -28,9 +28,11 @@ import pytest
 
 import tfonspark
 import tfonspark.keras
+from tfonspark.distribute import SparkClusterResolver
 from tfonspark.ml import TFEstimator, TFModel
 
 PUBLIC: list[Any] = [
+    SparkClusterResolver,  # its examples import TensorFlow, which tfonspark.keras above has loaded
     tfonspark.DataFeed,
     tfonspark.feed_dataset,
     tfonspark.hdfs_path,

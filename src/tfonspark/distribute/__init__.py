@@ -10,6 +10,9 @@ Typical ``main_fun`` on every node::
     history = tfonspark.keras.fit(model, dataset, epochs=3, model_dir=shared_dir)
     tfonspark.keras.export_saved_model(model, export_dir)   # every node calls; the chief writes
 
+``SparkClusterResolver`` is TensorFlow's cluster resolver for a tfonspark cluster (a node's own:
+``ctx.cluster_resolver()``), for the strategies' ``cluster_resolver=`` argument.
+
 The Keras training API (``fit``, ``Progress``, ``DistributedTrainer``, ``export_saved_model``),
 defined in :mod:`.keras_fit` and :mod:`.checkpoint`, has its one door in :mod:`tfonspark.keras`.
 
@@ -26,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .checkpoint import EpochCheckpoint
+    from .resolver import SparkClusterResolver
     from .strategies import check_model_strategy, strategy, task_info_of
     from .tf_config import TaskInfo, is_chief, task_info
 
 __all__ = [
     "EpochCheckpoint",
+    "SparkClusterResolver",
     "TaskInfo",
     "check_model_strategy",
     "is_chief",
@@ -41,6 +46,7 @@ __all__ = [
 
 _HOMES = {
     "EpochCheckpoint": "checkpoint",
+    "SparkClusterResolver": "resolver",
     "TaskInfo": "tf_config",
     "check_model_strategy": "strategies",
     "is_chief": "tf_config",

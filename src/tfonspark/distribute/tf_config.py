@@ -23,11 +23,14 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["TF_CONFIG_ENV", "TaskInfo", "build_tf_config", "is_chief", "task_info"]
+__all__ = ["ALL_ROLES", "MWMS_ROLES", "TF_CONFIG_ENV", "TaskInfo", "build_tf_config", "is_chief", "task_info"]
 
 TF_CONFIG_ENV = "TF_CONFIG"
 _TRAINING_ROLES = ("chief", "worker")
-_KNOWN_ROLES = (*_TRAINING_ROLES, "evaluator")
+#: the task types a ``MultiWorkerMirroredStrategy`` cluster may list (:func:`task_info`'s default)
+MWMS_ROLES = (*_TRAINING_ROLES, "evaluator")
+#: every task type a tfonspark cluster may hold: TFoS's ``master`` and the parameter servers too
+ALL_ROLES = ("chief", "master", "worker", "ps", "evaluator")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class TaskInfo:
     task_type: str | None
     task_id: int
     cluster: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: ``TF_CONFIG``'s optional ``rpc_layer`` (e.g. ``"grpc"``); "" when it names none
+    rpc_layer: str = ""
 
     @property
     def training_tasks(self) -> list[str]:
@@ -79,9 +84,11 @@ def is_chief(task_type: str | None, task_id: int, cluster: Mapping[str, Any]) ->
     return task_type == "worker" and task_id == 0 and not cluster.get("chief")
 
 
-def task_info(tf_config: str | Mapping[str, Any] | None = None) -> TaskInfo:
+def task_info(tf_config: str | Mapping[str, Any] | None = None, *, roles: Sequence[str] = MWMS_ROLES) -> TaskInfo:
     """Parse ``tf_config`` (JSON text or a mapping; default: the ``TF_CONFIG`` variable).
 
+    ``roles`` are the task types the cluster may list: those of MWMS by default, :data:`ALL_ROLES`
+    for a parameter-server cluster (:class:`~tfonspark.distribute.resolver.SparkClusterResolver`).
     Raises :class:`~tfonspark.errors.ConfigError` naming the bad field when the document is
     malformed, so that a broken launch fails before any TensorFlow work starts.
     """
@@ -90,7 +97,7 @@ def task_info(tf_config: str | Mapping[str, Any] | None = None) -> TaskInfo:
     config = _load(tf_config)
     if not config:
         return TaskInfo(task_type=None, task_id=0, cluster={})
-    cluster = _cluster(config.get("cluster", {}))
+    cluster = _cluster(config.get("cluster", {}), roles)
     task = config.get("task", {})
     if not isinstance(task, Mapping):
         raise ConfigError(f"TF_CONFIG 'task' must be an object. Received: task={task!r}")
@@ -104,7 +111,8 @@ def task_info(tf_config: str | Mapping[str, Any] | None = None) -> TaskInfo:
         raise ConfigError(
             f"TF_CONFIG task {task_type}:{task_id} is not in the cluster. Received: cluster={dict(cluster)!r}"
         )
-    return TaskInfo(task_type=str(task_type), task_id=task_id, cluster=cluster)
+    rpc_layer = str(config.get("rpc_layer") or "")
+    return TaskInfo(task_type=str(task_type), task_id=task_id, cluster=cluster, rpc_layer=rpc_layer)
 
 
 def _load(tf_config: str | Mapping[str, Any]) -> Mapping[str, Any]:
@@ -122,16 +130,17 @@ def _load(tf_config: str | Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
-def _cluster(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the ``cluster`` object: known roles mapping to lists of ``host:port``."""
+def _cluster(raw: Any, roles: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Validate the ``cluster`` object: ``roles`` mapping to lists of ``host:port``."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"TF_CONFIG 'cluster' must be an object. Received: cluster={raw!r}")
     cluster: dict[str, tuple[str, ...]] = {}
     for role, addresses in raw.items():
-        if role not in _KNOWN_ROLES:
+        if role not in roles:
+            strategy = " by MultiWorkerMirroredStrategy" if tuple(roles) == MWMS_ROLES else ""
             raise ConfigError(
-                f"TF_CONFIG role {role!r} is not supported by MultiWorkerMirroredStrategy "
-                f"(valid: {', '.join(_KNOWN_ROLES)}). Received: cluster={dict(raw)!r}"
+                f"TF_CONFIG role {role!r} is not supported{strategy} "
+                f"(valid: {', '.join(roles)}). Received: cluster={dict(raw)!r}"
             )
         if isinstance(addresses, str) or not all(isinstance(a, str) for a in addresses):
             raise ConfigError(
