@@ -20,6 +20,7 @@ from .server import start_cluster_server as _start_cluster_server
 
 if TYPE_CHECKING:
     from ..config import NodeConfig
+    from ..distribute.resolver import SparkClusterResolver
 
 __all__ = ["NodeContext", "hdfs_path"]
 
@@ -320,6 +321,32 @@ class NodeContext:
             _report_log.info("%s:%d reports %s", self.job_name, self.task_index, payload)
             return
         self._reporter(payload)
+
+    def cluster_resolver(self) -> SparkClusterResolver:
+        """This node's ``tf.distribute.cluster_resolver.ClusterResolver``, for a strategy's ``cluster_resolver=``.
+
+        A :class:`~tfonspark.distribute.SparkClusterResolver` of this node's task in the cluster
+        spec (every job: chief, workers, ps, evaluator), with this node's GPUs (``ctx.gpus``) as
+        ``num_accelerators()``. It resolves as ``TFConfigClusterResolver`` does from the node's
+        ``TF_CONFIG``, in ``MultiWorkerMirroredStrategy`` and parameter-server
+        (``tfonspark.run(..., num_ps=N)``) clusters alike, but counts the GPUs the node was
+        given. Imports TensorFlow. A context without a cluster spec raises
+        :class:`~tfonspark.errors.ConfigError`.
+
+        Examples
+        --------
+        >>> def map_fun(args, ctx):  # doctest: +SKIP
+        ...     import tensorflow as tf
+        ...     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=ctx.cluster_resolver())
+        >>> ctx = NodeContext(executor_id=1, job_name="worker", task_index=1,
+        ...                   cluster_spec={"chief": ["a:1"], "worker": ["b:2", "c:3"], "ps": ["d:4"]},
+        ...                   default_fs="file://", working_dir="/tmp", gpus=[])
+        >>> ctx.cluster_resolver().master()
+        'grpc://c:3'
+        """
+        from ..distribute import resolver
+
+        return resolver.SparkClusterResolver(self.cluster_spec, self.job_name, self.task_index, num_gpus=len(self.gpus))
 
     def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
         """Start this node's ``tf.distribute.Server`` (TFoS): see :func:`tfonspark.tfprocess.server.start_cluster_server`.
