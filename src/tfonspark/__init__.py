@@ -14,6 +14,7 @@ from . import errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.launch import run
+from .driver.ps import PSCluster, ps_cluster
 from .driver.reports import Report
 from .driver.restarts import Restart
 from .driver.stopping import request_stop
@@ -43,6 +44,7 @@ __all__ = [
     "DataFeed",
     "InputMode",
     "NodeContext",
+    "PSCluster",
     "Report",
     "Restart",
     "Settings",
@@ -55,6 +57,7 @@ __all__ = [
     "errors",
     "feed_dataset",
     "hdfs_path",
+    "ps_cluster",
     "request_stop",
     "run",
 ]

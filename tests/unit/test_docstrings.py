@@ -47,10 +47,12 @@ NEEDS_A_CLUSTER: list[Any] = [
     tfonspark.Cluster,
     tfonspark.NodeContext,
     tfonspark.keras.fit,
+    tfonspark.ps_cluster,
+    tfonspark.PSCluster,
 ]
 
 #: Classes users get from tfonspark and never construct: their constructor is not documented.
-MADE_FOR_USERS = {tfonspark.Cluster, tfonspark.NodeContext}
+MADE_FOR_USERS = {tfonspark.Cluster, tfonspark.NodeContext, tfonspark.PSCluster}
 
 _PARAMETERS = re.compile(r"^[ \t]*(Parameters[ \t]*\n[ \t]*-{3,}|Args:|Arguments:)[ \t]*$", re.M)
 _EXAMPLE = re.compile(r"^[ \t]*(>>>|Examples?[ \t]*\n[ \t]*-{3,}[ \t]*$|Examples?:[ \t]*$)", re.M)

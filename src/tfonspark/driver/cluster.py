@@ -290,6 +290,28 @@ class Cluster:
             reraise(stream_error)
             raise FeedError(f"the stream ended with an error: {summary(stream_error)}") from stream_error
 
+    def stop(self, grace_secs: float = 2.0) -> None:
+        """Stop every node now, without waiting for the chief/workers to finish (no restart).
+
+        For clusters whose nodes only serve (:func:`tfonspark.ps_cluster`). Raises NodeFailed,
+        after stopping the rest, if a node had failed before.
+
+        Parameters
+        ----------
+        grace_secs
+            How long each node's TF process gets to exit after SIGTERM before SIGKILL.
+
+        Examples
+        --------
+        >>> cluster.stop(grace_secs=5)
+        """
+        gang = self._attempts.gang
+        try:
+            gang.check()  # a failure: torn down at once, and raised
+        finally:
+            gang.teardown(grace_secs=grace_secs)
+            self._streams.join(30)
+
     def _wait_for_workers(self, deadline: float) -> bool:
         """End the feed (SPARK mode; a restarted cluster's data was fed) and wait for every chief/worker."""
         if self.input_mode == InputMode.SPARK:

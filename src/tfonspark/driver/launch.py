@@ -6,7 +6,7 @@ import dataclasses
 import importlib.util
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -33,13 +33,14 @@ if TYPE_CHECKING:
 
     from .plan import NodeRole
 
-__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "run", "split_options", "start"]
+__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "driver_host", "run", "split_options", "start"]
 
 _log = logging.getLogger(__name__)
 _LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
 
 
-def _driver_host(sc: SparkContext) -> str:
+def driver_host(sc: SparkContext) -> str:
+    """The driver's address executors reach: ``spark.driver.host``, else the address towards the outside."""
     host = sc.getConf().get("spark.driver.host", None)
     return host or local_ip_towards("8.8.8.8")
 
@@ -178,10 +179,14 @@ def start(
     on_report: Callable[[Report], Any] | None = None,
     launcher: Launcher | None = None,
     tfos_face: bool = False,
+    driver_tasks: Mapping[str, Sequence[str]] | None = None,
 ) -> Cluster:
-    """:func:`run` once its keyword arguments are sorted; ``TFCluster.run`` and ``TFEstimator``
-    start here too (``tfos_face=True``: the TFoS face's Keras 2 default for the nodes)."""
+    """:func:`run` once its keyword arguments are sorted; ``TFCluster.run``, ``TFEstimator`` and
+    ``ps_cluster`` start here too (``tfos_face=True``: the TFoS face's Keras 2 default for the
+    nodes; ``driver_tasks``: tasks in every node's cluster spec that the driver holds itself)."""
     plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
+    if driver_tasks:
+        plan = dataclasses.replace(plan, driver_tasks=dict(driver_tasks))
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
     reserve = plan.reserver() if use_barrier else None
@@ -201,6 +206,7 @@ class _Plan:
     num_gpus: int | None
     tfos_face: bool
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    driver_tasks: Mapping[str, Sequence[str]] = field(default_factory=dict)  #: tasks the driver holds
 
     @property
     def heartbeat_secs(self) -> float:
@@ -214,11 +220,12 @@ class _Plan:
             self.cluster_id,
             self.roles,
             secret,
-            _driver_host(self.sc),
+            driver_host(self.sc),
             self.resolved.server_port,
             bind_host=self.resolved.server_host or None,
             heartbeat_secs=self.heartbeat_secs,
             heartbeat_timeout=self.resolved.heartbeat_timeout,
+            fixed_tasks=self.driver_tasks,
         )
         return server, self.node_config(server.address, secret, attempt)
 

@@ -79,12 +79,21 @@ def _check_plan_args(num_executors: int, num_ps: int, master_node: str | None, e
         )
 
 
-def build_cluster_spec(roles: Sequence[NodeRole], addresses: Mapping[int, str]) -> dict[str, list[str]]:
-    """``{job: [host:port, ...]}`` ordered by task index, from each executor's reserved address."""
+def build_cluster_spec(
+    roles: Sequence[NodeRole], addresses: Mapping[int, str], fixed: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, list[str]]:
+    """``{job: [host:port, ...]}`` ordered by task index, from each executor's reserved address.
+
+    ``fixed`` adds tasks no node runs, at addresses known beforehand: ``{"chief": ["driver:port"]}``
+    for the driver of :func:`tfonspark.ps_cluster`, which holds that task itself.
+    """
     missing = [r.executor_id for r in roles if r.executor_id not in addresses]
     if missing:
         raise ConfigError(f"no address registered for executor ids {missing}")
-    spec: dict[str, list[str]] = {}
+    clash = sorted(set(fixed or {}) & {r.job_name for r in roles})
+    if clash:
+        raise ConfigError(f"jobs {clash} are both run by nodes and fixed: {dict(fixed or {})}")
+    spec: dict[str, list[str]] = {job: list(hosts) for job, hosts in (fixed or {}).items()}
     for role in sorted(roles, key=lambda r: (r.job_name, r.task_index)):
         spec.setdefault(role.job_name, []).append(addresses[role.executor_id])
     return spec

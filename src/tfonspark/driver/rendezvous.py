@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import settings
@@ -142,6 +142,7 @@ class RendezvousServer:
     It listens on ``bind_host`` (default: ``host``) at the first free port of ``port_spec``
     (default: any), the resolved ``server_host``/``server_port`` settings, and advertises
     ``address``: the bound address, or ``host`` where the bind address is a wildcard.
+    ``fixed_tasks`` are added to the cluster spec as they are (``{"chief": ["driver:port"]}``).
     """
 
     def __init__(
@@ -156,6 +157,7 @@ class RendezvousServer:
         heartbeat_secs: float = 5.0,
         heartbeat_timeout: float = 60.0,
         handshake_timeout: float = 10.0,
+        fixed_tasks: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if not 0 < heartbeat_secs < heartbeat_timeout:
             raise ConfigError(
@@ -166,6 +168,7 @@ class RendezvousServer:
         self.secret = secret
         self.nodes = {r.executor_id: NodeState(r) for r in roles}
         self.cluster_spec: dict[str, list[str]] | None = None
+        self.fixed_tasks = dict(fixed_tasks or {})  # tasks in the spec that no node runs (the driver's chief)
         self.event_count = 0  # node events accepted so far (each refused one counts in ``refused``)
         self.refused = 0  # node events refused: over MAX_EVENT_BYTES or with a malformed field
         self.dropped = 0  # node events dropped because the watcher fell behind (EVENT_BACKLOG, BACKLOG_BYTES)
@@ -286,7 +289,9 @@ class RendezvousServer:
         """Once every node has registered, build the cluster spec and wake the waiters."""
         if all(n.address for n in self.nodes.values()):
             self.cluster_spec = build_cluster_spec(
-                [n.role for n in self.nodes.values()], {i: n.address for i, n in self.nodes.items()}
+                [n.role for n in self.nodes.values()],
+                {i: n.address for i, n in self.nodes.items()},
+                self.fixed_tasks,
             )
             self._cond.notify_all()
 

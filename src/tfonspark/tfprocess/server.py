@@ -55,6 +55,7 @@ __all__ = [
     "hand_over_port",
     "pending_handovers",
     "release_handovers",
+    "serve",
     "start_cluster_server",
 ]
 
@@ -165,6 +166,19 @@ def start_cluster_server(ctx: ServerNode, num_gpus: int = 1, rdma: bool = False)
     finally:
         release_handovers()
     return cluster, server
+
+
+def serve(tf_args: Any, ctx: ServerNode) -> None:
+    """A node of :func:`tfonspark.ps_cluster`: start this task's server and serve until stopped.
+
+    No user code runs here: the driver's ``ClusterCoordinator`` sends the work. The node's
+    supervisor ends the process (SIGTERM, then SIGKILL) when the driver stops the cluster.
+    ``tf_args`` is unused.
+    """
+    del tf_args
+    _, server = start_cluster_server(ctx, num_gpus=0)
+    _log.info("serving %s:%d until the cluster stops", ctx.job_name, ctx.task_index)
+    server.join()
 
 
 # ---- the hooks: installed while a hand-over is pending, removed with the last one ----------------

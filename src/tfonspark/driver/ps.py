@@ -1,0 +1,259 @@
+"""Parameter-server training with the driver as coordinator: :func:`ps_cluster`.
+
+TF 2's ``ParameterServerStrategy`` is driven by one program, the coordinator, which holds the
+``chief`` task and sends functions to ``worker`` tasks whose variables live on ``ps`` tasks. On
+Spark that program is the driver. :func:`ps_cluster` starts ``num_workers + num_ps`` nodes as one
+barrier gang (the usual start path: :func:`tfonspark.driver.launch.start`), each running
+:func:`tfonspark.tfprocess.server.serve` (a ``tf.distribute.Server`` for its task, no user code),
+and adds a ``chief`` task at the driver's address to every node's cluster spec. The port of that
+task is reserved here and handed to the coordinator's own server as it binds it
+(:func:`tfonspark.tfprocess.server.hand_over_port`), so no other process takes it meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ..config import InputMode
+from ..errors import ConfigError, ReservationTimeout
+from ..host import reserve_port
+from ..settings import Settings
+from ..tfprocess.server import PortHandover, hand_over_port, serve
+from .cluster import Cluster
+from .launch import ClusterOptions, SettingKeywords, driver_host, start
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from pyspark import SparkContext
+
+    from .launcher import Launcher
+
+__all__ = ["PSCluster", "chief_address", "ps_cluster"]
+
+_log = logging.getLogger(__name__)
+_PROBE_SECS = 0.1  # between connection attempts while the nodes' servers start
+
+
+def chief_address(host: str, port: int) -> str:
+    """The ``host:port`` of the driver's ``chief`` task, as TF's cluster specs write it (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class PSCluster:
+    """A running parameter-server cluster whose coordinator (``chief``) is this driver process.
+
+    Made by :func:`ps_cluster`; a context manager that stops every node when the block ends.
+    ``cluster`` is the underlying :class:`~tfonspark.Cluster` (``cluster_info``, ``reports``).
+
+    Examples
+    --------
+    >>> with tfonspark.ps_cluster(sc, num_workers=2, num_ps=1) as cluster:  # doctest: +SKIP
+    ...     strategy = tf.distribute.ParameterServerStrategy(cluster.cluster_resolver())
+    """
+
+    def __init__(self, cluster: Cluster, chief: str, handover: PortHandover) -> None:
+        """Made by :func:`ps_cluster`, which starts the nodes first."""
+        self.cluster = cluster
+        self.chief = chief  #: ``host:port`` of the driver's ``chief`` task
+        self._handover = handover
+
+    @property
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """``{"chief": [driver], "ps": [...], "worker": [...]}``: what every node's ``TF_CONFIG`` has."""
+        spec = self.cluster.server.cluster_spec
+        assert spec is not None  # the nodes are up, so the spec was formed
+        return {job: list(hosts) for job, hosts in spec.items()}
+
+    def cluster_resolver(self, rpc_layer: str = "grpc") -> Any:
+        """The driver's ``SparkClusterResolver``: task ``chief`` 0 of this cluster.
+
+        Parameters
+        ----------
+        rpc_layer : str
+            The protocol TF's servers speak ("grpc").
+
+        Examples
+        --------
+        >>> resolver = cluster.cluster_resolver()  # doctest: +SKIP
+        >>> strategy = tf.distribute.ParameterServerStrategy(resolver)  # doctest: +SKIP
+        """
+        from ..distribute import resolver  # the module: its class is built (TensorFlow imported) on access
+
+        return resolver.SparkClusterResolver(self.cluster_spec, "chief", 0, rpc_layer=rpc_layer)
+
+    def shutdown(self, grace_secs: float = 2.0) -> None:
+        """Stop every node's server (SIGTERM, then SIGKILL after ``grace_secs``) and free the chief's port.
+
+        Raises NodeFailed if a node had failed before. The coordinator's own server, in this
+        process, stays bound until the process ends: TensorFlow cannot stop it.
+
+        Parameters
+        ----------
+        grace_secs : float
+            How long each node's TF process gets between SIGTERM and SIGKILL.
+
+        Examples
+        --------
+        >>> cluster.shutdown()  # doctest: +SKIP
+        """
+        started = time.monotonic()
+        try:
+            self.cluster.stop(grace_secs)
+        finally:
+            self._handover.release()  # no-op once the coordinator's server took the port
+            _log.info("parameter-server cluster stopped in %.1fs", time.monotonic() - started)
+
+    def __enter__(self) -> PSCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.shutdown()
+            return
+        try:  # the block's own error is the one to see; a node failure behind it is logged
+            self.shutdown()
+        except Exception as error:
+            _log.warning("while stopping the parameter-server cluster after %r: %s", exc, error)
+
+
+def ps_cluster(
+    sc: SparkContext,
+    num_workers: int,
+    num_ps: int = 1,
+    *,
+    settings: Settings | None = None,
+    driver_ps_nodes: bool = False,
+    reservation_timeout: float = 600,
+    max_restarts: int = 0,
+    launcher: Launcher | None = None,
+    **setting_keywords: Unpack[SettingKeywords],
+) -> PSCluster:
+    """Start ``num_workers`` worker and ``num_ps`` ps servers on Spark executors, with this driver as ``chief``.
+
+    Every node runs a ``tf.distribute.Server`` for its task and nothing else; the driver's
+    ``ParameterServerStrategy`` and ``ClusterCoordinator`` send them the work. Returns once
+    every server accepts connections. Leaving the ``with`` block (or ``shutdown()``) stops them.
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+        The Spark context: ``num_workers + num_ps`` task slots are reserved at once (a barrier
+        stage), ``num_workers`` of them with ``driver_ps_nodes``.
+    num_workers : int
+        Worker tasks (at least 1).
+    num_ps : int
+        Parameter-server tasks (at least 1).
+    settings : Settings, optional
+        Cluster settings, as for :func:`tfonspark.run` (``heartbeat_timeout``, ``bind_host`` ...).
+    driver_ps_nodes : bool
+        Run the ps tasks as processes on the driver's host, as TFoS did.
+    reservation_timeout : float
+        Seconds to wait for the task slots and for every node to register.
+    max_restarts : int
+        As for :func:`tfonspark.run`: a node failing while the cluster starts restarts the
+        whole start (fresh addresses). A node failing later is not restarted: ``shutdown()``
+        raises NodeFailed naming it.
+    launcher : Launcher, optional
+        Starts the node supervisors (tests: ``tfonspark.testing.LocalLauncher``).
+    **setting_keywords : SettingKeywords
+        Fields of ``Settings`` by name, merged into ``settings``.
+
+    Raises ReservationTimeout when Spark cannot give the task slots in time (naming the numbers
+    and the Spark settings to change), ConfigError for a bad argument.
+
+    Examples
+    --------
+    >>> with tfonspark.ps_cluster(sc, num_workers=2, num_ps=1) as cluster:  # doctest: +SKIP
+    ...     strategy = tf.distribute.ParameterServerStrategy(cluster.cluster_resolver())
+    ...     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    ...     coordinator.schedule(train_step, args=(iter(per_worker_dataset),))
+    ...     coordinator.join()
+    """
+    _check_counts(num_workers, num_ps)
+    chosen = (settings or Settings()).merged(setting_keywords)
+    options = ClusterOptions(
+        num_ps=num_ps,
+        input_mode=InputMode.TENSORFLOW,
+        driver_ps_nodes=driver_ps_nodes,
+        reservation_timeout=reservation_timeout,
+        max_restarts=max_restarts,
+    )
+    held = reserve_port()  # the chief's port: held until the coordinator's server binds it
+    chief = chief_address(driver_host(sc), held.getsockname()[1])
+    handover = hand_over_port(held)
+    started = time.monotonic()
+    try:
+        cluster = start(
+            sc, serve, None, num_workers + num_ps, options, chosen, launcher=launcher, driver_tasks={"chief": [chief]}
+        )
+    except ReservationTimeout as error:
+        handover.release()
+        raise _named(error, num_workers, num_ps, driver_ps_nodes) from error
+    except BaseException:
+        handover.release()
+        raise
+    ps = PSCluster(cluster, chief, handover)
+    try:
+        _wait_for_servers(ps.cluster_spec, float(reservation_timeout), cluster.server.failures)
+    except BaseException:
+        ps.shutdown(grace_secs=0)
+        raise
+    _log.info("parameter-server cluster up in %.1fs: %s", time.monotonic() - started, ps.cluster_spec)
+    return ps
+
+
+def _check_counts(num_workers: int, num_ps: int) -> None:
+    for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"ps_cluster needs {name} >= 1 (ParameterServerStrategy). Received: {value!r}")
+
+
+def _named(error: ReservationTimeout, num_workers: int, num_ps: int, driver_ps_nodes: bool) -> ReservationTimeout:
+    """``error`` saying which ``ps_cluster`` call needed the slots."""
+    where = "ps on the driver" if driver_ps_nodes else "each its own Spark task slot"
+    return ReservationTimeout(
+        f"ps_cluster(num_workers={num_workers}, num_ps={num_ps}, {where}): {error}",
+        registered=error.registered,
+        required=error.required,
+    )
+
+
+def servers_accepting(spec: Mapping[str, Sequence[str]], jobs: Sequence[str] = ("ps", "worker")) -> dict[str, bool]:
+    """For each task of ``jobs`` (``"worker:0"``), whether its address accepts a TCP connection now."""
+    out = {}
+    for job in jobs:
+        for index, address in enumerate(spec.get(job, ())):
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    out[f"{job}:{index}"] = True
+            except OSError:
+                out[f"{job}:{index}"] = False
+    return out
+
+
+def _wait_for_servers(spec: Mapping[str, Sequence[str]], timeout: float, failed: Callable[[], object]) -> None:
+    """Wait until every ps and worker server listens (a node reports "up" just before it starts
+    one), or until ``failed()`` says a node failed (the caller's shutdown then raises it)."""
+    deadline = time.monotonic() + timeout
+    while not failed():
+        accepting = servers_accepting(spec)
+        waiting = [task for task, ok in accepting.items() if not ok]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise ReservationTimeout(
+                f"the TensorFlow servers of {', '.join(waiting)} did not accept connections within {timeout:.0f}s "
+                "(raise reservation_timeout, or check the executor logs)",
+                registered=len(accepting) - len(waiting),
+                required=len(accepting),
+            )
+        time.sleep(_PROBE_SECS)
