@@ -1,10 +1,11 @@
 """The driver of test_ps_cluster.py: a parameter-server cluster on Spark, this process the coordinator.
 
-``python ps_driver.py MASTER OUT_JSON [--driver-ps]`` starts a SparkContext on MASTER, then
+``python ps_driver.py MASTER OUT_JSON [--driver-ps] [--raise]`` starts a SparkContext on MASTER, then
 ``tfonspark.ps_cluster(sc, num_workers=2, num_ps=1)``, and trains y = 3*x1 + 2*x2 + 1 with a
 Keras 3 Dense layer in a custom training loop (``ParameterServerStrategy`` +
 ``ClusterCoordinator``, a per-worker dataset). It writes to OUT_JSON: losses, the variables'
-devices, the cluster spec, the node processes' pids and the timings; then ends with
+devices, the cluster spec, the node processes' pids, the timings and (``--raise``: after an
+exception left the block) whether the servers still accept; then ends with
 ``os._exit`` (TF's coordinator threads do not stop within a process).
 
 A subprocess, not the pytest process: TensorFlow's coordinator, its threads and its in-process
@@ -101,7 +102,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def main(master: str, out_path: str, driver_ps: bool) -> None:
+class _Boom(Exception):
+    """Raised in the block with ``--raise``: the cluster must stop on the way out all the same."""
+
+
+def main(master: str, out_path: str, driver_ps: bool, fail: bool) -> None:
     import tfonspark
     from tfonspark.driver.ps import servers_accepting
     from tfonspark.testing import SparkManager
@@ -109,21 +114,17 @@ def main(master: str, out_path: str, driver_ps: bool) -> None:
     sc = SparkManager.instance().get(master)
     out: dict = {}
     started = time.monotonic()
-    with tfonspark.ps_cluster(sc, num_workers=2, num_ps=1, driver_ps_nodes=driver_ps, reservation_timeout=120) as c:
-        out["startup_s"] = time.monotonic() - started
-        out["spec"] = c.cluster_spec
-        out["chief"] = c.chief
-        out["node_pids"] = _node_pids([c.cluster.cluster_id])
-        out["ps_on_driver"] = _spawned_here(c.cluster_spec["ps"][0])
-        out["worker_on_driver"] = _spawned_here(c.cluster_spec["worker"][0])
-        train(c, out)
-        stopping = time.monotonic()
-    out["shutdown_s"] = time.monotonic() - stopping
+    try:
+        _in_block(
+            tfonspark.ps_cluster(sc, 2, 1, driver_ps_nodes=driver_ps, reservation_timeout=120), out, started, fail
+        )
+    except _Boom:
+        out["raised"] = True
+    out["shutdown_s"] = time.monotonic() - out.pop("stopping")
     out["after_block"] = {
         "accepting": servers_accepting(out["spec"]),
         "alive": [p for p in out["node_pids"] if _alive(p)],
     }
-    out["cluster_id"] = c.cluster.cluster_id
     with open(out_path, "w") as f:
         json.dump(out, f)
     sys.stdout.flush()
@@ -131,5 +132,19 @@ def main(master: str, out_path: str, driver_ps: bool) -> None:
     os._exit(0)
 
 
+def _in_block(cluster, out: dict, started: float, fail: bool) -> None:
+    with cluster as c:
+        out["startup_s"] = time.monotonic() - started
+        out["spec"] = c.cluster_spec
+        out["chief"] = c.chief
+        out["node_pids"] = _node_pids([c.cluster.cluster_id])
+        out["ps_on_driver"] = _spawned_here(c.cluster_spec["ps"][0])
+        out["worker_on_driver"] = _spawned_here(c.cluster_spec["worker"][0])
+        train(c, out)
+        out["stopping"] = time.monotonic()
+        if fail:
+            raise _Boom("an error in the with block")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--driver-ps" in sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], "--driver-ps" in sys.argv[3:], "--raise" in sys.argv[3:])

@@ -66,9 +66,11 @@ def test_the_driver_coordinates_two_workers_and_a_ps(tmp_path):
 
 
 def test_driver_ps_nodes_run_the_ps_task_on_the_driver_host(tmp_path):
-    result = _run_driver(tmp_path, "local[2]", "--driver-ps")  # 2 slots: the workers only
+    """Also: an exception leaving the block stops every server as a normal end does."""
+    result = _run_driver(tmp_path, "local[2]", "--driver-ps", "--raise")  # 2 slots: the workers only
+    assert result.get("raised")
     _check_trained_and_gone(result)
-    assert result["ps_on_driver"], result["ps_pids"]
+    assert result["ps_on_driver"] and not result["worker_on_driver"]
 
 
 def test_too_few_executors_name_the_numbers_and_settings(sc_local):
