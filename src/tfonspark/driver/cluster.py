@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode
-from ..errors import ConfigError, FeedError, NodeFailed, ShutdownTimeout
-from ..wire.errors import reraise, summary
+from ..errors import ConfigError, NodeFailed
+from .ending import finish, stop_now
 from .epochs import train_epochs
 from .feeding import Feeds
 from .gang import SPARK_SETTINGS
@@ -255,40 +254,7 @@ class Cluster:
         --------
         >>> cluster.shutdown(grace_secs=5)
         """
-        deadline = time.monotonic() + (timeout if timeout and timeout > 0 else 1e9)
-        if self._attempts.gang.closed:
-            self._streams.join(30)
-            if ssc is not None and self.failure is not None:
-                raise self.failure  # the stream's node failure, torn down while feeding a micro-batch
-            return
-        in_time, stream_error = self._streams.finish(ssc, max(deadline - time.monotonic(), 0))
-        if not self._attempts.can_restart():
-            self._attempts.gang.check()  # else _wait_for_workers checks, and restarts
-        if not in_time:
-            self._attempts.gang.teardown(grace_secs=0)
-            self._streams.join(30)
-            raise ShutdownTimeout(
-                f"the stream was still running after timeout={timeout}s; it and the TensorFlow nodes have "
-                "been stopped. Request a stop (cluster.request_stop(), python -m tfonspark.stop) or raise "
-                "shutdown(timeout=...)."
-            )
-        if not self._attempts.run(lambda: self._wait_for_workers(deadline)):
-            self._attempts.gang.teardown(grace_secs=0)
-            raise ShutdownTimeout(
-                f"TensorFlow workers were still running after timeout={timeout}s; they have been stopped. "
-                "Raise shutdown(timeout=...) if training needs longer."
-            )
-        # every chief/worker has exited, so there is nothing left to wait for: grace_secs is the
-        # time ps/evaluator nodes get between SIGTERM and SIGKILL (TFoS slept it unconditionally)
-        try:
-            self._attempts.gang.check()
-        except NodeFailed as error:  # after the workers: nothing to restart for, but name every attempt
-            raise self._attempts.give_up(error) from None
-        self._attempts.gang.teardown(grace_secs=max(grace_secs, 2.0))
-        self._streams.join(30)
-        if stream_error is not None:
-            reraise(stream_error)
-            raise FeedError(f"the stream ended with an error: {summary(stream_error)}") from stream_error
+        finish(self._attempts, self._streams, self._close_feed, ssc, grace_secs, timeout)
 
     def stop(self, grace_secs: float = 2.0) -> None:
         """Stop every node now, without waiting for the chief/workers to finish (no restart).
@@ -305,15 +271,9 @@ class Cluster:
         --------
         >>> cluster.stop(grace_secs=5)
         """
-        gang = self._attempts.gang
-        try:
-            gang.check()  # a failure: torn down at once, and raised
-        finally:
-            gang.teardown(grace_secs=grace_secs)
-            self._streams.join(30)
+        stop_now(self._attempts, self._streams, grace_secs)
 
-    def _wait_for_workers(self, deadline: float) -> bool:
-        """End the feed (SPARK mode; a restarted cluster's data was fed) and wait for every chief/worker."""
+    def _close_feed(self) -> None:
+        """End the feed (SPARK mode): the chief/workers' DataFeeds see its end."""
         if self.input_mode == InputMode.SPARK:
             self._feeds.close()
-        return self._attempts.gang.wait_for_trainers(deadline - time.monotonic())
