@@ -8,10 +8,12 @@ tests do not depend on ``../shared/data``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,7 @@ def printed_accuracy(output: str) -> float:
     return float(match.group(1))
 
 
-@pytest.mark.parametrize("script", ["mnist_tf.py", "mnist_spark.py", "mnist_inference.py"])
+@pytest.mark.parametrize("script", ["mnist_tf.py", "mnist_spark.py", "mnist_inference.py", "mnist_ps.py"])
 def test_examples_have_help(script: str, tmp_path: Path) -> None:
     output = run([str(EXAMPLES / script), "--help"], tmp_path, timeout=60)
     assert "--data" in output and "--master" in output
@@ -114,6 +116,27 @@ def test_mnist_spark_feeds_a_dataframe(digits_dir: Path, tmp_path: Path) -> None
     assert "1 epochs x 15 steps, 1000 rows fed, 960 trained" in output
     assert re.search(r"^epoch 1 \(worker:0\): loss \d\.\d{4}.*  val_accuracy \d\.\d{4}$", output, re.M), output[-2000:]
     assert (out / "export" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_mnist_ps_trains_with_the_driver_as_coordinator(digits_dir: Path, tmp_path: Path) -> None:
+    """2 workers + 1 ps on local[3], 20 steps scheduled from the driver; evaluated and saved there."""
+    out = tmp_path / "out"
+    started = time.monotonic()
+    output = run(
+        [str(EXAMPLES / "mnist_ps.py"), "--data", str(digits_dir), "--steps", "20", "--batch-size", "32"]
+        + ["--output-dir", str(out)],
+        tmp_path,
+        timeout=120,
+    )
+    seconds = time.monotonic() - started
+    assert printed_accuracy(output) > 0.2, output[-2000:]  # 20 steps of 32 rows; chance is 0.1
+    assert re.search(r"^step 20/20  loss \d\.\d{4}$", output, re.M), output[-2000:]
+    assert "2 workers, 1 ps, driver as coordinator; 20 steps x 32 rows" in output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"], metrics
+    assert len(metrics["losses"]) == 20 and (out / "model.keras").is_file()
+    print(f"mnist_ps.py, 20 steps: {seconds:.0f} s in all, start-up {metrics['startup_seconds']:.0f} s")
 
 
 @pytest.mark.slow
