@@ -111,3 +111,18 @@ def test_step_guard_benchmark_quick_run_prints_the_ratio(mnist_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("rep ")] == ["plain", "guarded"]
     assert "guarded / plain:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_ps_vs_mwms_benchmark_quick_run_prints_both_rates_and_the_ratio(mnist_dir):
+    """ps_vs_mwms.py trains with a ps_cluster and with MWMS in one run and prints their steps/s side by side."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "ps_vs_mwms.py"), "--quick", "--data", str(mnist_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    header, rows = _table(proc.stdout)
+    cells = dict(zip(header, rows[0]))
+    assert len(rows) == 1 and cells["PS / MWMS"].strip("*").endswith("x"), cells
+    for column in ("PS steps/s", "MWMS steps/s", "PS accuracy", "MWMS accuracy"):
+        assert float(cells[column].rstrip("%")) > 0, cells
+    assert "40 steps x global batch 64, 2 workers on local[3]" in proc.stdout
+    assert "/proc/loadavg" in proc.stdout
