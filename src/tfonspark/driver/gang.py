@@ -226,10 +226,8 @@ class Gang:
         return self.server.epochs_read(feed_id)
 
     def wait_for_trainers(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for every chief/worker to exit; then raise if a node failed."""
-        done = self.server.wait_for(
-            lambda nodes: all(n.finished for n in nodes if n.role.job_name in DATA_ROLES), max(timeout, 0)
-        )
+        """Wait up to ``timeout`` for every chief/worker running ``map_fun`` to exit; then raise if a node failed."""
+        done = self.server.wait_for(lambda nodes: all(n.finished for n in nodes if n.role.trains), max(timeout, 0))
         self.check()
         return done
 

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 CHIEF_ROLES = ("chief", "master")
-#: Roles that receive fed data and whose completion ends training.
+#: Roles that receive fed data and whose completion ends training (unless they only serve: ``NodeRole.serves``).
 DATA_ROLES = ("chief", "master", "worker")
 #: Roles that serve until the cluster shuts down (``server.join()``).
 SERVICE_ROLES = ("ps", "evaluator")
@@ -34,10 +34,18 @@ class NodeRole:
     job_name: str
     task_index: int
     on_driver: bool = False
+    #: runs only a TF server for the chief's coordinator (``run(..., coordinator=True)``): no user
+    #: code, so it never ends by itself and is stopped with the ps once the chief is done
+    serves: bool = False
 
     @property
     def name(self) -> str:
         return f"{self.job_name}:{self.task_index}"
+
+    @property
+    def trains(self) -> bool:
+        """Whether the cluster's work is done only when this node exits (a chief or worker running ``map_fun``)."""
+        return self.job_name in DATA_ROLES and not self.serves
 
 
 def plan_roles(
@@ -46,9 +54,16 @@ def plan_roles(
     master_node: str | None = None,
     eval_node: bool = False,
     driver_ps_nodes: bool = False,
+    coordinator: bool = False,
 ) -> list[NodeRole]:
-    """Assign roles to executor ids 0..n-1 in TFoS order: ps, chief/master, evaluator, workers."""
+    """Assign roles to executor ids 0..n-1 in TFoS order: ps, chief/master, evaluator, workers.
+
+    ``coordinator``: the chief is ``ParameterServerStrategy``'s coordinator and every other node
+    only ``serves`` (``run(..., coordinator=True)``); there must be a ps, a chief and a worker.
+    """
     _check_plan_args(num_executors, num_ps, master_node, eval_node)
+    if coordinator:
+        master_node = _check_coordinator(num_executors, num_ps, master_node, eval_node)
     jobs = ["ps"] * num_ps
     if master_node:
         jobs.append(master_node)
@@ -60,8 +75,28 @@ def plan_roles(
     for executor_id, job in enumerate(jobs):
         index = counts.get(job, 0)
         counts[job] = index + 1
-        roles.append(NodeRole(executor_id, job, index, on_driver=driver_ps_nodes and job == "ps"))
+        serves = coordinator and job != "chief"
+        roles.append(NodeRole(executor_id, job, index, on_driver=driver_ps_nodes and job == "ps", serves=serves))
     return roles
+
+
+def _check_coordinator(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> str:
+    """The chief's job name for ``coordinator=True`` ("chief", as TF's coordinator needs), or a ConfigError."""
+    given = f"coordinator=True, num_executors={num_executors}, num_ps={num_ps}"
+    if num_ps < 1:
+        raise ConfigError(f"coordinator=True needs num_ps >= 1 (ParameterServerStrategy). Received: {given}")
+    if num_executors - num_ps < 2:
+        raise ConfigError(
+            f"coordinator=True needs a chief and at least one worker besides the ps: num_executors >= num_ps + 2. "
+            f"Received: {given}"
+        )
+    if master_node not in (None, "chief"):
+        raise ConfigError(
+            f"coordinator=True runs the coordinator as task 'chief'. Received: master_node={master_node!r}"
+        )
+    if eval_node:
+        raise ConfigError("coordinator=True does not run an evaluator yet. Received: eval_node=True")
+    return "chief"
 
 
 def _check_plan_args(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> None:
