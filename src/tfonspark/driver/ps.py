@@ -13,9 +13,7 @@ task is reserved here and handed to the coordinator's own server as it binds it
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +21,7 @@ from ..config import InputMode
 from ..errors import ConfigError, ReservationTimeout
 from ..host import reserve_port
 from ..settings import Settings
-from ..tfprocess.server import PortHandover, hand_over_port, serve
+from ..tfprocess.server import PortHandover, hand_over_port, serve, servers_accepting, wait_for_servers
 from .cluster import Cluster
 from .launch import ClusterOptions, SettingKeywords, driver_host, start
 
@@ -34,10 +32,9 @@ if TYPE_CHECKING:
 
     from .launcher import Launcher
 
-__all__ = ["PSCluster", "chief_address", "ps_cluster"]
+__all__ = ["PSCluster", "chief_address", "ps_cluster", "servers_accepting"]
 
 _log = logging.getLogger(__name__)
-_PROBE_SECS = 0.1  # between connection attempts while the nodes' servers start
 
 
 def chief_address(host: str, port: int) -> str:
@@ -202,7 +199,7 @@ def ps_cluster(
         raise
     ps = PSCluster(cluster, chief, handover)
     try:
-        _wait_for_servers(ps.cluster_spec, float(reservation_timeout), cluster.server.failures)
+        wait_for_servers(ps.cluster_spec, float(reservation_timeout), cluster.server.failures)
     except BaseException:
         ps.shutdown(grace_secs=0)
         raise
@@ -224,36 +221,3 @@ def _named(error: ReservationTimeout, num_workers: int, num_ps: int, driver_ps_n
         registered=error.registered,
         required=error.required,
     )
-
-
-def servers_accepting(spec: Mapping[str, Sequence[str]], jobs: Sequence[str] = ("ps", "worker")) -> dict[str, bool]:
-    """For each task of ``jobs`` (``"worker:0"``), whether its address accepts a TCP connection now."""
-    out = {}
-    for job in jobs:
-        for index, address in enumerate(spec.get(job, ())):
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
-                    out[f"{job}:{index}"] = True
-            except OSError:
-                out[f"{job}:{index}"] = False
-    return out
-
-
-def _wait_for_servers(spec: Mapping[str, Sequence[str]], timeout: float, failed: Callable[[], object]) -> None:
-    """Wait until every ps and worker server listens (a node reports "up" just before it starts
-    one), or until ``failed()`` says a node failed (the caller's shutdown then raises it)."""
-    deadline = time.monotonic() + timeout
-    while not failed():
-        accepting = servers_accepting(spec)
-        waiting = [task for task, ok in accepting.items() if not ok]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise ReservationTimeout(
-                f"the TensorFlow servers of {', '.join(waiting)} did not accept connections within {timeout:.0f}s "
-                "(raise reservation_timeout, or check the executor logs)",
-                registered=len(accepting) - len(waiting),
-                required=len(accepting),
-            )
-        time.sleep(_PROBE_SECS)

@@ -42,21 +42,27 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from ..errors import ReservationTimeout
 from ..importhook import AfterImport
 
 __all__ = [
     "SERVER_STARTS",
+    "ChiefCoordinator",
     "PortHandover",
     "ServerNode",
     "hand_over_port",
     "pending_handovers",
     "release_handovers",
     "serve",
+    "servers_accepting",
     "start_cluster_server",
+    "wait_for_servers",
 ]
 
 _log = logging.getLogger(__name__)
@@ -169,9 +175,10 @@ def start_cluster_server(ctx: ServerNode, num_gpus: int = 1, rdma: bool = False)
 
 
 def serve(tf_args: Any, ctx: ServerNode) -> None:
-    """A node of :func:`tfonspark.ps_cluster`: start this task's server and serve until stopped.
+    """A node of :func:`tfonspark.ps_cluster` (or a worker/ps of ``run(..., coordinator=True)``): start
+    this task's server and serve until stopped.
 
-    No user code runs here: the driver's ``ClusterCoordinator`` sends the work. The node's
+    No user code runs here: the coordinator's ``ClusterCoordinator`` sends the work. The node's
     supervisor ends the process (SIGTERM, then SIGKILL) when the driver stops the cluster.
     ``tf_args`` is unused.
     """
@@ -179,6 +186,64 @@ def serve(tf_args: Any, ctx: ServerNode) -> None:
     _, server = start_cluster_server(ctx, num_gpus=0)
     _log.info("serving %s:%d until the cluster stops", ctx.job_name, ctx.task_index)
     server.join()
+
+
+@dataclass(frozen=True)
+class ChiefCoordinator:
+    """The program of a ``run(..., coordinator=True)`` cluster: ``map_fun`` on the chief, :func:`serve` elsewhere.
+
+    On the chief, ``map_fun(tf_args, ctx)`` is ``ParameterServerStrategy``'s coordinator: it
+    starts once every ps and worker server accepts connections (up to ``timeout`` seconds), so
+    the strategy's first connection finds them. Every other node serves until the driver stops
+    it, after the chief has returned.
+    """
+
+    map_fun: Callable[[Any, Any], Any]
+    timeout: float
+
+    def __call__(self, tf_args: Any, ctx: ServerNode) -> Any:
+        if ctx.job_name != "chief":
+            return serve(tf_args, ctx)
+        wait_for_servers(ctx.cluster_spec, self.timeout)
+        return self.map_fun(tf_args, ctx)
+
+
+_PROBE_SECS = 0.1  # between connection attempts while the servers start
+
+
+def servers_accepting(spec: Mapping[str, Sequence[str]], jobs: Sequence[str] = ("ps", "worker")) -> dict[str, bool]:
+    """For each task of ``jobs`` (``"worker:0"``), whether its address accepts a TCP connection now."""
+    out = {}
+    for job in jobs:
+        for index, address in enumerate(spec.get(job, ())):
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    out[f"{job}:{index}"] = True
+            except OSError:
+                out[f"{job}:{index}"] = False
+    return out
+
+
+def wait_for_servers(
+    spec: Mapping[str, Sequence[str]], timeout: float, failed: Callable[[], object] = lambda: False
+) -> None:
+    """Wait until every ps and worker server of ``spec`` listens, or until ``failed()`` says a node
+    failed (the caller then raises that); raise ReservationTimeout naming the others after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not failed():
+        accepting = servers_accepting(spec)
+        waiting = [task for task, ok in accepting.items() if not ok]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise ReservationTimeout(
+                f"the TensorFlow servers of {', '.join(waiting)} did not accept connections within {timeout:.0f}s "
+                "(raise reservation_timeout, or check the executor logs)",
+                registered=len(accepting) - len(waiting),
+                required=len(accepting),
+            )
+        time.sleep(_PROBE_SECS)
 
 
 # ---- the hooks: installed while a hand-over is pending, removed with the last one ----------------
