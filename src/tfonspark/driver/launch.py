@@ -16,6 +16,7 @@ from ..executor.gpus import requested_gpus
 from ..fs import default_fs
 from ..host import local_ip_towards
 from ..settings import Resolved, Settings, resolve
+from ..tfprocess.server import ChiefCoordinator
 from ..wire.framing import new_secret
 from .assemble import start_cluster
 from .cluster import SPARK_SETTINGS, Cluster
@@ -47,8 +48,8 @@ def driver_host(sc: SparkContext) -> str:
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """How ``run()`` lays out and starts the cluster: TFoS's options of ``TFCluster.run``, and
-    ``max_restarts``. Each is also a keyword argument of :func:`run` (see there)."""
+    """How ``run()`` lays out and starts the cluster: TFoS's options of ``TFCluster.run``,
+    ``max_restarts`` and ``coordinator``. Each is also a keyword argument of :func:`run` (see there)."""
 
     num_ps: int = 0
     tensorboard: bool = False
@@ -60,6 +61,7 @@ class ClusterOptions:
     eval_node: bool = False
     release_port: bool = True
     max_restarts: int = 0
+    coordinator: bool = False
 
 
 class SettingKeywords(TypedDict, total=False):
@@ -91,6 +93,7 @@ class RunOptions(SettingKeywords, total=False):
     eval_node: bool
     release_port: bool
     max_restarts: int
+    coordinator: bool
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ClusterOptions))
@@ -152,7 +155,15 @@ def run(
         every node to register, ``eval_node`` (False) one evaluator node, ``release_port``
         (True) the node releases its reserved port before ``map_fun``; and ``max_restarts`` (0):
         after a node fails, tear the cluster down, reserve the executors again and start
-        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (docs/restarts.md). Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
+        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (docs/restarts.md);
+        and ``coordinator`` (False): ``map_fun`` runs on the ``chief`` only, as
+        ``ParameterServerStrategy``'s coordinator (``ctx.cluster_resolver()``), while the
+        workers and ps only serve (``tf.distribute.Server``, no user code) until it returns
+        (docs/ps.md). ``num_executors`` is then 1 chief + workers + ``num_ps`` (>= 1);
+        ``input_mode`` must be ``TENSORFLOW``. A flag named after TF's ``ClusterCoordinator``,
+        like ``eval_node``: TF runs the coordinator as the chief, so there is no place to choose,
+        and the driver as coordinator is :func:`tfonspark.ps_cluster`, not ``run()``.
+        Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
         a shorthand merged into ``settings``; giving one both ways is a ConfigError.
 
     Raises ReservationTimeout if the executors cannot be reserved in time, ConfigError for a bad
@@ -162,6 +173,8 @@ def run(
     --------
     >>> cluster = tfonspark.run(sc, main_fun, args, 2, input_mode=InputMode.SPARK,  # doctest: +SKIP
     ...                         settings=Settings(heartbeat_timeout=30))
+    >>> cluster = tfonspark.run(sc, coordinate, args, 4, num_ps=1, coordinator=True)  # doctest: +SKIP
+    >>> cluster.shutdown()  # doctest: +SKIP
     """
     cluster_options, by_name = split_options(options)
     chosen = (settings or Settings()).merged(by_name)
@@ -190,7 +203,7 @@ def start(
     use_barrier = launcher is None and barrier_supported(sc)
     launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
     reserve = plan.reserver() if use_barrier else None
-    return _begin(plan, launcher, reserve, on_report, (map_fun, tf_args))
+    return _begin(plan, launcher, reserve, on_report, (plan.program(map_fun), tf_args))
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,12 @@ class _Plan:
             **self.resolved.node_fields(),
         )
 
+    def program(self, map_fun: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """What every node runs: ``map_fun``, or with ``coordinator`` a :class:`ChiefCoordinator` of it."""
+        if not self.options.coordinator:
+            return map_fun
+        return ChiefCoordinator(map_fun, float(self.options.reservation_timeout))
+
     def reserver(self) -> Callable[[], None]:
         """Wait for every Spark task slot a barrier stage of the nodes needs."""
         needed = sum(1 for r in self.roles if not r.on_driver)
@@ -272,8 +291,13 @@ def _plan(
         raise ConfigError(f"map_fun must be callable. Received: {type(map_fun).__name__}")
     o = options
     check_max_restarts(o.max_restarts)
-    roles = plan_roles(num_executors, o.num_ps, o.master_node, o.eval_node, o.driver_ps_nodes)
+    roles = plan_roles(num_executors, o.num_ps, o.master_node, o.eval_node, o.driver_ps_nodes, o.coordinator)
     mode = InputMode(o.input_mode)
+    if o.coordinator and mode is InputMode.SPARK:
+        raise ConfigError(
+            "coordinator=True runs map_fun on the chief only, so no worker reads fed data: use "
+            "InputMode.TENSORFLOW and read data in the coordinator's dataset_fn. Received: input_mode=InputMode.SPARK"
+        )
     num_gpus = requested_gpus(tf_args)  # TFoS's tf_args.num_gpus: how many GPUs each node takes
     resolved = resolve(chosen, sc.getConf())
     keras = _node_keras(resolved.legacy_keras, tfos_face)
