@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ def record_spec(args: dict, ctx) -> None:
     import os
 
     seen = {"spec": ctx.cluster_spec, "tf_config": json.loads(os.environ["TF_CONFIG"])}
-    (Path(args["dir"]) / f"{ctx.job_name}-{ctx.task_index}.json").write_text(json.dumps(seen))
+    path = Path(args["dir"]) / f"{ctx.job_name}-{ctx.task_index}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(seen))
+    path.with_suffix(".tmp").rename(path)  # whole, or not there
 
 
 def test_the_fixed_chief_joins_the_spec_of_the_nodes_roles():
@@ -77,8 +80,11 @@ def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path
         launcher=LocalLauncher(),
         driver_tasks={"chief": [chief]},
     )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the nodes write their file as map_fun starts; stop() does not wait for it
     cluster.stop(grace_secs=5)
-    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.iterdir()}
+    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert sorted(seen) == ["ps-0", "worker-0", "worker-1"]
     spec = cluster.server.cluster_spec
     assert spec is not None and spec["chief"] == [chief] and len(spec["worker"]) == 2 and len(spec["ps"]) == 1
