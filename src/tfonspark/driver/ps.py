@@ -21,6 +21,7 @@ from ..config import InputMode
 from ..errors import ConfigError, ReservationTimeout
 from ..host import reserve_port
 from ..settings import Settings
+from ..tfprocess.hints import add_ps_hint
 from ..tfprocess.server import PortHandover, hand_over_port, serve, servers_accepting, wait_for_servers
 from .cluster import Cluster
 from .launch import ClusterOptions, SettingKeywords, driver_host, start
@@ -115,6 +116,7 @@ class PSCluster:
         if exc is None:
             self.shutdown()
             return
+        add_ps_hint(exc)  # e.g. Keras 3's model.fit under PS: name the route that works
         try:  # the block's own error is the one to see; a node failure behind it is logged
             self.shutdown()
         except Exception as error:

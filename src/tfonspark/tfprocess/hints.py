@@ -10,7 +10,7 @@ import os
 import traceback
 from collections.abc import Iterator, Mapping
 
-__all__ = ["hint_for"]
+__all__ = ["add_ps_hint", "hint_for", "ps_hint_for"]
 
 _KERAS3_MWMS = (
     "Keras 3 cannot run model.fit under MultiWorkerMirroredStrategy on this TensorFlow. Fix: pip install "
@@ -41,6 +41,14 @@ _EMPTY_BATCH = (
     "steps_per_epoch every worker's data reaches). TF_ENABLE_ONEDNN_OPTS=0 also avoids it, at a speed cost."
 )
 _EMPTY_BATCH_ERRORS = ("input depth must be evenly divisible by filter depth", "Incompatible shapes: [0,")
+_KERAS3_PS = (
+    "Keras 3's model.fit (and evaluate/predict) cannot feed ParameterServerStrategy on this TensorFlow: "
+    "the strategy takes data only through ClusterCoordinator.create_per_worker_dataset. Fix: train in a "
+    "custom loop (coordinator.create_per_worker_dataset(dataset_fn), coordinator.schedule(step); see "
+    "docs/ps.md), or use tf_keras (pip install 'tfonspark[tfos]') and its model.fit with "
+    "tf_keras.utils.experimental.DatasetCreator(dataset_fn) and steps_per_epoch."
+)
+_KERAS3_PS_ERROR = "pass this dataset to ClusterCoordinator.create_per_worker_dataset"
 _NP_ALIAS = (
     "numpy 1.24 removed the aliases np.int, np.float, np.bool and np.object (TFoS-era code uses them). "
     "Fix: use int, float, bool, object or np.int64/np.float64 instead."
@@ -71,11 +79,18 @@ def _hint(exc: BaseException, legacy: bool) -> str:
         return _NP_ALIAS
     if type(exc).__name__ == "InvalidArgumentError" and any(e in text for e in _EMPTY_BATCH_ERRORS):
         return _EMPTY_BATCH
+    if _is_ps_dataset_error(exc):
+        return _KERAS3_PS
     if legacy and _raised_in_keras3(exc):
         return _DRIVER_KERAS3
     if isinstance(exc, ValueError) and not legacy and ("PerReplica" in text or "Invalid reduction dimension" in text):
         return _KERAS3_MWMS
     return ""
+
+
+def _is_ps_dataset_error(exc: BaseException) -> bool:
+    """TF's refusal of a dataset not made by the coordinator: what Keras 3's fit meets under PS."""
+    return isinstance(exc, ValueError) and _KERAS3_PS_ERROR in str(exc)
 
 
 def _raised_in_keras3(exc: BaseException) -> bool:
@@ -94,3 +109,20 @@ def hint_for(exc: BaseException, environ: Mapping[str, str] | None = None) -> st
         if found:
             return found
     return ""
+
+
+def ps_hint_for(exc: BaseException) -> str:
+    """The fix for ``exc`` if it is a known way a parameter-server coordinator fails, else ``""``.
+
+    Narrower than :func:`hint_for`: the coordinator is the user's driver program, where the
+    MWMS and TFoS-era hints would mislead.
+    """
+    return _KERAS3_PS if any(_is_ps_dataset_error(link) for link in _chain(exc)) else ""
+
+
+def add_ps_hint(exc: BaseException) -> None:
+    """Add ``Hint: <fix>`` to ``exc``'s notes (Python >= 3.11) when :func:`ps_hint_for` knows one."""
+    hint = ps_hint_for(exc)
+    note = f"Hint: {hint}"
+    if hint and hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)

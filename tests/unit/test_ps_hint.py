@@ -1,0 +1,80 @@
+"""The ``Hint:`` for Keras 3's model.fit under ParameterServerStrategy (issue 23, item 4).
+
+On TF 2.21 Keras 3's fit hands the strategy a plain dataset, and TF refuses it with
+"To use this dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset".
+The coordinator is the driver program, so ``ps_cluster``'s ``__exit__`` adds the note there; a
+coordinator running on a node gets the same line through ``hint_for``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tfonspark.tfprocess.hints import add_ps_hint, hint_for, ps_hint_for
+
+TF_MESSAGE = "To use this dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset."
+
+
+def test_the_ps_dataset_error_names_the_custom_loop_and_tf_keras_fit():
+    hint = ps_hint_for(ValueError(TF_MESSAGE))
+    assert "custom loop" in hint and "create_per_worker_dataset" in hint and "docs/ps.md" in hint
+    assert "tf_keras" in hint and "DatasetCreator" in hint
+    assert hint_for(ValueError(TF_MESSAGE), environ={}) == hint  # a node's traceback gets it too
+
+
+def test_the_hint_is_found_behind_a_wrapping_error():
+    try:
+        try:
+            raise ValueError(TF_MESSAGE)
+        except ValueError as inner:
+            raise RuntimeError("training failed") from inner
+    except RuntimeError as outer:
+        assert ps_hint_for(outer)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("PerReplica:{0: 1} is not a tensor"),  # an MWMS hint, not for a PS coordinator
+        TypeError(TF_MESSAGE),  # another type with the same words
+        ValueError("create_per_worker_dataset got a bad dataset_fn"),
+    ],
+)
+def test_other_errors_get_no_ps_hint(exc):
+    assert ps_hint_for(exc) == ""
+    add_ps_hint(exc)
+    assert not getattr(exc, "__notes__", [])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="BaseException.add_note is Python 3.11")
+def test_the_note_is_added_once():
+    exc = ValueError(TF_MESSAGE)
+    add_ps_hint(exc)
+    add_ps_hint(exc)  # a second pass (nested blocks) does not repeat it
+    assert exc.__notes__ == [f"Hint: {ps_hint_for(exc)}"]
+
+
+class _Stops:
+    """Stands in for the Cluster and the port hand-over: records that the block's end stopped them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def stop(self, grace_secs: float) -> None:
+        self.calls.append("stop")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="BaseException.add_note is Python 3.11")
+def test_leaving_a_ps_cluster_block_with_the_error_adds_the_hint():
+    from tfonspark.driver.ps import PSCluster
+
+    stops = _Stops()
+    with pytest.raises(ValueError) as info, PSCluster(stops, "127.0.0.1:1", stops):
+        raise ValueError(TF_MESSAGE)
+    assert info.value.__notes__ == [f"Hint: {ps_hint_for(info.value)}"]
+    assert stops.calls == ["stop", "release"]  # and the cluster stopped all the same
