@@ -68,6 +68,12 @@ def test_driver_ps_nodes_with_chief(sc, tmp_path, no_leftovers):
         cluster_spec, server = TFNode.start_cluster_server(ctx)
         if ctx.job_name == "ps":
             server.join()
+        import pathlib
+        import time
+
+        deadline = time.monotonic() + 60  # shutdown stops the ps once chief/worker exit: let it describe itself
+        while not (pathlib.Path(args) / "ps0.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     cluster = tfonspark.run(
         sc, fun, str(tmp_path), 3, num_ps=1, master_node="chief", driver_ps_nodes=True, reservation_timeout=120
