@@ -23,7 +23,7 @@ from .attack import SECRET_HEX, flood
 pytestmark = pytest.mark.timeout(120)
 
 _SERVER = textwrap.dedent("""
-    import json, resource, sys, threading
+    import json, resource, sys, threading, time
     from tfonspark.tfprocess.datafeed import DataFeed
     from tfonspark.tfprocess.feedserver import FeedServer
 
@@ -43,6 +43,10 @@ _SERVER = textwrap.dedent("""
     threading.Thread(target=consume, daemon=True).start()
     print(json.dumps({"port": server.port}), flush=True)
     sys.stdin.read()
+    # an Ack means the rows are queued here, not yet read: give the consumer a bounded moment
+    deadline = time.monotonic() + 10
+    while sum(rows) < 10000 and time.monotonic() < deadline:
+        time.sleep(0.01)
     listeners = sum(t.name.startswith("tfos-feed") for t in threading.enumerate())
     print(json.dumps({"rows": sum(rows), "listener_threads": listeners}), flush=True)
     server.close()
