@@ -14,5 +14,6 @@ SavedModel that :class:`tfonspark.ml.TFModel` serves::
 from __future__ import annotations
 
 from .args import ModelArguments
+from .config import Configuration, Task
 
-__all__ = ["ModelArguments"]
+__all__ = ["Configuration", "ModelArguments", "Task"]
