@@ -14,6 +14,15 @@ SavedModel that :class:`tfonspark.ml.TFModel` serves::
 from __future__ import annotations
 
 from .args import ModelArguments
+from .builder import EvaluationGraph, ModelBuilder, PredictionGraph, TrainingGraph
 from .config import Configuration, Task
 
-__all__ = ["Configuration", "ModelArguments", "Task"]
+__all__ = [
+    "Configuration",
+    "EvaluationGraph",
+    "ModelArguments",
+    "ModelBuilder",
+    "PredictionGraph",
+    "Task",
+    "TrainingGraph",
+]
