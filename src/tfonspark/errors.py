@@ -13,7 +13,8 @@
     │   └── FeedTimeout (TimeoutError)       a node did not take or return data in time
     ├── ProtocolError                       a peer broke the wire protocol
     │   └── AuthenticationError              a peer failed the per-cluster secret check
-    └── DataFormatError (ValueError)        a corrupt file (TFRecord, idx): names file and offset
+    ├── DataFormatError (ValueError)        a corrupt file (TFRecord, idx): names file and offset
+    └── CheckpointTimeout (TimeoutError)    the sidecar evaluator saw no checkpoint within its timeout
 
 All exceptions are picklable (they travel from Spark executors to the driver) and carry the
 values that explain them as attributes.
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "AuthenticationError",
+    "CheckpointTimeout",
     "ClusterError",
     "ConfigError",
     "DataFormatError",
@@ -160,3 +162,7 @@ class DataFormatError(TFoSError, ValueError):
         super().__init__(f"{message}: {where}" if where else message)
         self.path = path
         self.offset = offset
+
+
+class CheckpointTimeout(TFoSError, TimeoutError):
+    """No checkpoint appeared within the sidecar evaluator's ``timeout`` (``tfonspark.keras.sidecar_evaluate``)."""

@@ -6,7 +6,9 @@
 ``DEFAULT_CHECKPOINT_EVERY_STEPS``) and at each epoch end, and resumes from the latest checkpoint
 at that epoch and step. ``export_saved_model`` writes the one SavedModel (every node calls it;
 the chief writes). The contract and the input, sharding and checkpoint rules are documented in
-:mod:`tfonspark.distribute.keras_fit`.
+:mod:`tfonspark.distribute.keras_fit`. ``sidecar_evaluate`` is the sidecar evaluator of
+parameter-server training: it evaluates each checkpoint as it appears
+(:mod:`tfonspark.distribute.sidecar`).
 
 The strategy and ``TF_CONFIG`` helpers (``strategy()``, ``task_info()``, ``is_chief()``) have
 their door in :mod:`tfonspark.distribute`.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from .distribute.checkpoint import export_saved_model
 from .distribute.keras_fit import DEFAULT_CHECKPOINT_EVERY_STEPS, DatasetFn, DistributedTrainer, Progress, fit
+from .distribute.sidecar import sidecar_evaluate
 
 __all__ = [
     "DEFAULT_CHECKPOINT_EVERY_STEPS",
@@ -24,4 +27,5 @@ __all__ = [
     "Progress",
     "export_saved_model",
     "fit",
+    "sidecar_evaluate",
 ]
