@@ -65,7 +65,7 @@ def test_coordinator_names_its_chief_chief_and_keeps_driver_ps_nodes():
         (3, 0, {}, "num_ps >= 1"),
         (2, 1, {}, "num_executors >= num_ps + 2"),
         (3, 1, {"master_node": "master"}, "master_node='master'"),
-        (4, 1, {"eval_node": True}, "eval_node=True"),
+        (3, 1, {"eval_node": True}, "num_ps + 3 with eval_node"),
     ],
 )
 def test_a_coordinator_cluster_needs_a_ps_a_chief_and_a_worker(num_executors, num_ps, keywords, says):

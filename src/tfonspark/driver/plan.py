@@ -35,7 +35,8 @@ class NodeRole:
     task_index: int
     on_driver: bool = False
     #: runs only a TF server for the chief's coordinator (``run(..., coordinator=True)``): no user
-    #: code, so it never ends by itself and is stopped with the ps once the chief is done
+    #: code, so it never ends by itself and is stopped with the ps once the chief is done (the
+    #: evaluator of such a cluster runs ``map_fun``, a sidecar evaluator, and is stopped then too)
     serves: bool = False
 
     @property
@@ -59,7 +60,8 @@ def plan_roles(
     """Assign roles to executor ids 0..n-1 in TFoS order: ps, chief/master, evaluator, workers.
 
     ``coordinator``: the chief is ``ParameterServerStrategy``'s coordinator and every other node
-    only ``serves`` (``run(..., coordinator=True)``); there must be a ps, a chief and a worker.
+    only ``serves`` (``run(..., coordinator=True)``), except the ``eval_node`` evaluator, which runs
+    ``map_fun`` beside them (a sidecar evaluator); there must be a ps, a chief and a worker.
     """
     _check_plan_args(num_executors, num_ps, master_node, eval_node)
     if coordinator:
@@ -75,27 +77,26 @@ def plan_roles(
     for executor_id, job in enumerate(jobs):
         index = counts.get(job, 0)
         counts[job] = index + 1
-        serves = coordinator and job != "chief"
+        serves = coordinator and job not in ("chief", "evaluator")
         roles.append(NodeRole(executor_id, job, index, on_driver=driver_ps_nodes and job == "ps", serves=serves))
     return roles
 
 
 def _check_coordinator(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> str:
     """The chief's job name for ``coordinator=True`` ("chief", as TF's coordinator needs), or a ConfigError."""
-    given = f"coordinator=True, num_executors={num_executors}, num_ps={num_ps}"
+    given = f"coordinator=True, num_executors={num_executors}, num_ps={num_ps}, eval_node={eval_node}"
     if num_ps < 1:
         raise ConfigError(f"coordinator=True needs num_ps >= 1 (ParameterServerStrategy). Received: {given}")
-    if num_executors - num_ps < 2:
+    if num_executors - num_ps - int(eval_node) < 2:
+        needs = "num_ps + 3 with eval_node" if eval_node else "num_ps + 2"
         raise ConfigError(
-            f"coordinator=True needs a chief and at least one worker besides the ps: num_executors >= num_ps + 2. "
+            f"coordinator=True needs a chief and at least one worker besides the ps: num_executors >= {needs}. "
             f"Received: {given}"
         )
     if master_node not in (None, "chief"):
         raise ConfigError(
             f"coordinator=True runs the coordinator as task 'chief'. Received: master_node={master_node!r}"
         )
-    if eval_node:
-        raise ConfigError("coordinator=True does not run an evaluator yet. Received: eval_node=True")
     return "chief"
 
 

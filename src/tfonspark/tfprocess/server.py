@@ -55,10 +55,14 @@ __all__ = [
     "SERVER_STARTS",
     "ChiefCoordinator",
     "PortHandover",
+    "ServeBesideEvaluator",
     "ServerNode",
+    "coordinator_spec",
     "hand_over_port",
+    "leave_out_evaluator",
     "pending_handovers",
     "release_handovers",
+    "run_evaluator",
     "serve",
     "servers_accepting",
     "start_cluster_server",
@@ -190,22 +194,74 @@ def serve(tf_args: Any, ctx: ServerNode) -> None:
 
 @dataclass(frozen=True)
 class ChiefCoordinator:
-    """The program of a ``run(..., coordinator=True)`` cluster: ``map_fun`` on the chief, :func:`serve` elsewhere.
+    """The program of a ``run(..., coordinator=True)`` cluster: ``map_fun`` on the chief and on the
+    evaluator (``eval_node=True``), :func:`serve` elsewhere.
 
     On the chief, ``map_fun(tf_args, ctx)`` is ``ParameterServerStrategy``'s coordinator: it
     starts once every ps and worker server accepts connections (up to ``timeout`` seconds), so
-    the strategy's first connection finds them. Every other node serves until the driver stops
-    it, after the chief has returned.
+    the strategy's first connection finds them, and its cluster spec leaves out the evaluator
+    (:func:`coordinator_spec`). On the evaluator, ``map_fun`` is a sidecar evaluator
+    (:func:`run_evaluator`). Every other node serves until the driver stops it, after the chief
+    has returned.
     """
 
     map_fun: Callable[[Any, Any], Any]
     timeout: float
 
     def __call__(self, tf_args: Any, ctx: ServerNode) -> Any:
+        if ctx.job_name == "evaluator":
+            return run_evaluator(self.map_fun, tf_args, ctx)
         if ctx.job_name != "chief":
             return serve(tf_args, ctx)
         wait_for_servers(ctx.cluster_spec, self.timeout)
+        leave_out_evaluator(ctx)
         return self.map_fun(tf_args, ctx)
+
+
+@dataclass(frozen=True)
+class ServeBesideEvaluator:
+    """The program of a ``ps_cluster(..., evaluator=fn)`` cluster: ``fn`` on the evaluator
+    (:func:`run_evaluator`), :func:`serve` on every worker and ps."""
+
+    evaluator: Callable[[Any, Any], Any]
+
+    def __call__(self, tf_args: Any, ctx: ServerNode) -> Any:
+        if ctx.job_name == "evaluator":
+            return run_evaluator(self.evaluator, tf_args, ctx)
+        return serve(tf_args, ctx)
+
+
+def run_evaluator(fn: Callable[[Any, Any], Any], tf_args: Any, ctx: ServerNode) -> Any:
+    """``fn(tf_args, ctx)`` on the evaluator of a parameter-server cluster: no TF server (TF's
+    coordinator never connects to it), and SIGTERM, the driver's stop once training is done, a
+    stop request that ``tfonspark.keras.sidecar_evaluate`` answers by evaluating the last
+    checkpoint and returning (:func:`tfonspark.distribute.sidecar.stop_on_sigterm`)."""
+    from ..distribute.sidecar import stop_on_sigterm
+
+    stop_on_sigterm()
+    _log.info("evaluator %s:%d: sidecar evaluation until the cluster stops", ctx.job_name, ctx.task_index)
+    return fn(tf_args, ctx)
+
+
+def coordinator_spec(spec: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``spec`` as TF's coordinator must see it: without the ``evaluator`` job.
+
+    ``ParameterServerStrategy`` connects to every task of its cluster spec and waits for each;
+    the sidecar evaluator runs no server, so it is left out (TF's own layout: the evaluator
+    reads checkpoints and is no part of the training cluster).
+    """
+    return {job: list(hosts) for job, hosts in spec.items() if job != "evaluator"}
+
+
+def leave_out_evaluator(ctx: ServerNode) -> None:
+    """The chief's ``ctx.cluster_spec`` and ``TF_CONFIG`` as :func:`coordinator_spec` (no-op without an evaluator)."""
+    if "evaluator" not in ctx.cluster_spec:
+        return
+    from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
+
+    ctx.cluster_spec = coordinator_spec(ctx.cluster_spec)
+    if TF_CONFIG_ENV in os.environ:
+        os.environ[TF_CONFIG_ENV] = build_tf_config(ctx.cluster_spec, ctx.job_name, ctx.task_index)
 
 
 _PROBE_SECS = 0.1  # between connection attempts while the servers start
