@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,15 @@ from ..errors import ConfigError, ReservationTimeout
 from ..host import reserve_port
 from ..settings import Settings
 from ..tfprocess.hints import add_ps_hint
-from ..tfprocess.server import PortHandover, hand_over_port, serve, servers_accepting, wait_for_servers
+from ..tfprocess.server import (
+    PortHandover,
+    ServeBesideEvaluator,
+    coordinator_spec,
+    hand_over_port,
+    serve,
+    servers_accepting,
+    wait_for_servers,
+)
 from .cluster import Cluster
 from .launch import ClusterOptions, SettingKeywords, driver_host, start
 
@@ -83,7 +92,8 @@ class PSCluster:
         """
         from ..distribute import resolver  # the module: its class is built (TensorFlow imported) on access
 
-        return resolver.SparkClusterResolver(self.cluster_spec, "chief", 0, rpc_layer=rpc_layer)
+        spec = coordinator_spec(self.cluster_spec)  # TF's coordinator would wait for an evaluator
+        return resolver.SparkClusterResolver(spec, "chief", 0, rpc_layer=rpc_layer)
 
     def shutdown(self, grace_secs: float = 2.0) -> None:
         """Stop every node's server (SIGTERM, then SIGKILL after ``grace_secs``) and free the chief's port.
@@ -133,6 +143,7 @@ def ps_cluster(
     reservation_timeout: float = 600,
     max_restarts: int = 0,
     launcher: Launcher | None = None,
+    evaluator: Callable[[Any, Any], Any] | None = None,
     **setting_keywords: Unpack[SettingKeywords],
 ) -> PSCluster:
     """Start ``num_workers`` worker and ``num_ps`` ps servers on Spark executors, with this driver as ``chief``.
@@ -162,6 +173,13 @@ def ps_cluster(
         raises NodeFailed naming it.
     launcher : Launcher, optional
         Starts the node supervisors (tests: ``tfonspark.testing.LocalLauncher``).
+    evaluator : callable, optional
+        ``evaluator(None, ctx)`` runs on one more executor, task ``evaluator`` 0, while the
+        driver coordinates: a sidecar evaluator (``tfonspark.keras.sidecar_evaluate``) reading
+        the checkpoints the driver saves. It runs no TF server and is left out of the driver's
+        resolver; leaving the block stops it with SIGTERM, after which ``sidecar_evaluate``
+        evaluates the last checkpoint (within ``shutdown(grace_secs=...)``). Its reports are
+        in ``cluster.cluster.reports``.
     **setting_keywords : SettingKeywords
         Fields of ``Settings`` by name, merged into ``settings``.
 
@@ -177,6 +195,8 @@ def ps_cluster(
     ...     coordinator.join()
     """
     _check_counts(num_workers, num_ps)
+    if evaluator is not None and not callable(evaluator):
+        raise ConfigError(f"evaluator must be callable or None. Received: {type(evaluator).__name__}")
     chosen = (settings or Settings()).merged(setting_keywords)
     options = ClusterOptions(
         num_ps=num_ps,
@@ -184,15 +204,16 @@ def ps_cluster(
         driver_ps_nodes=driver_ps_nodes,
         reservation_timeout=reservation_timeout,
         max_restarts=max_restarts,
+        eval_node=evaluator is not None,
     )
     held = reserve_port()  # the chief's port: held until the coordinator's server binds it
     chief = chief_address(driver_host(sc), held.getsockname()[1])
     handover = hand_over_port(held)
     started = time.monotonic()
     try:
-        cluster = start(
-            sc, serve, None, num_workers + num_ps, options, chosen, launcher=launcher, driver_tasks={"chief": [chief]}
-        )
+        program = serve if evaluator is None else ServeBesideEvaluator(evaluator)
+        nodes = num_workers + num_ps + int(evaluator is not None)
+        cluster = start(sc, program, None, nodes, options, chosen, launcher=launcher, driver_tasks={"chief": [chief]})
     except ReservationTimeout as error:
         handover.release()
         raise _named(error, num_workers, num_ps, driver_ps_nodes) from error
