@@ -549,6 +549,7 @@ EXAMPLES = [
     ev.FeedStalled(feed_id="f1", partition=3, received=16, timeout=2.5, train=False),
     ev.Reported(metrics={"loss": 0.5, "step": 3, "tags": ["a"]}),
     ev.EpochRead(feed_id="f1", epoch=2),
+    ev.ServerRestarted(restart=1, limit=3, exit_code=-9, down_s=7.3),
     ev.TaskExit(exit_code=-9, stopped=True, traceback="tb"),
     ev.FeedTerminated(),
     ev.FeedRefused(feed_id="f1", partition=2, reason="delivered already"),

@@ -17,6 +17,7 @@ from .ending import finish, stop_now
 from .epochs import train_epochs
 from .feeding import Feeds
 from .gang import SPARK_SETTINGS
+from .node_events import ServerRestart
 from .rendezvous import RendezvousServer
 from .reports import Report, ReportLog
 from .restarts import Attempts, Restart
@@ -83,6 +84,12 @@ class Cluster:
     def restart_log(self) -> list[Restart]:
         """One :class:`Restart` per restart, oldest first: ``cluster.restart_log[0].cause``."""
         return self._attempts.log
+
+    @property
+    def server_restarts(self) -> list[ServerRestart]:
+        """Workers' TF servers restarted in place in this attempt (PS training, docs/ps.md), oldest
+        first: ``cluster.server_restarts[0].down_s``."""
+        return list(self._attempts.gang.server_restarts)
 
     @property
     def attempt(self) -> int:

@@ -22,8 +22,9 @@ from ..config import NodeConfig
 from ..errors import NodeFailed, ReservationTimeout
 from ..executor.feeder import FeedTarget
 from ..wire.errors import reraise, summary
-from ..wire.events import NodeEvent
+from ..wire.events import NodeEvent, ServerRestarted
 from .launcher import Launcher, LaunchHandle, LocalLauncher
+from .node_events import ServerRestart
 from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
 from .stopping import StopFile
@@ -120,6 +121,7 @@ class Gang:
         self.detect_s = 0.0  # from then until check() saw it
         self.teardown_s = 0.0  # how long tearing down after it took
         self.closed = False
+        self.server_restarts: list[ServerRestart] = []  # workers' TF servers restarted in place, oldest first
         self._launches: list[LaunchHandle] = []
         self._stop_files: list[str] = []
         self._on_event, self._cancel_feeds = on_event, cancel_feeds
@@ -250,6 +252,8 @@ class Gang:
         server = self.server
         while True:
             for node, event in server.next_events(lambda: self.closed):
+                if isinstance(event, ServerRestarted):
+                    self.server_restarts.append(ServerRestart.of(node.role.name, event))
                 self._on_event(node, event)
             if server.failures() or self.closed or server.closed:
                 break

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
 from ..executor.gpus import requested_gpus
+from ..executor.supervisor import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
 from ..settings import Resolved, Settings, resolve
@@ -262,8 +263,15 @@ class _Plan:
             tfos_face=self.tfos_face,
             num_gpus=self.num_gpus,
             attempt=attempt,
+            server_restarts=self.server_restarts,
             **self.resolved.node_fields(),
         )
+
+    @property
+    def server_restarts(self) -> int:
+        """How often each worker that only serves restarts in place (executor/supervisor.py); 0 elsewhere."""
+        serving = self.options.coordinator or bool(self.driver_tasks)  # driver_tasks: ps_cluster's chief
+        return max(SERVER_RESTARTS, self.options.max_restarts) if serving else 0
 
     def program(self, map_fun: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """What every node runs: ``map_fun``, or with ``coordinator`` a :class:`ChiefCoordinator` of it."""

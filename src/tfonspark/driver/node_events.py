@@ -7,6 +7,9 @@ The rendezvous server keeps what it needs of ``EpochRead`` and ``FeedTerminated`
 from __future__ import annotations
 
 import logging
+import signal
+import time
+from dataclasses import dataclass, field
 
 from ..errors import FeedTimeout
 from ..wire import events as ev
@@ -14,9 +17,43 @@ from .feeding import Feeds
 from .rendezvous import NodeState
 from .reports import ReportLog
 
-__all__ = ["NodeEvents"]
+__all__ = ["NodeEvents", "ServerRestart", "how_it_died"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerRestart:
+    """One restart in place of a worker's TF server (``cluster.server_restarts``), from its ``ServerRestarted``.
+
+    ``node`` (``"worker:1"``) died as ``exit_code`` says (``-9``: SIGKILL) and was restarted at
+    the same address, its ``restart``-th of at most ``limit``; it accepted connections again
+    ``down_s`` seconds after its death (``accepting`` False: it never did). ``time`` is when the
+    driver heard of it (``time.time()``).
+    """
+
+    node: str
+    restart: int
+    limit: int
+    exit_code: int
+    down_s: float
+    accepting: bool = True
+    time: float = field(default_factory=time.time)
+
+    @classmethod
+    def of(cls, node: str, event: ev.ServerRestarted) -> ServerRestart:
+        """The record of ``event``, which ``node`` sent."""
+        return cls(node, event.restart, event.limit, event.exit_code, event.down_s, event.accepting)
+
+
+def how_it_died(exit_code: int) -> str:
+    """``"killed by signal 9 (SIGKILL)"`` or ``"exited with code 1"``."""
+    if exit_code >= 0:
+        return f"exited with code {exit_code}"
+    try:
+        return f"killed by signal {-exit_code} ({signal.Signals(-exit_code).name})"
+    except ValueError:
+        return f"killed by signal {-exit_code}"
 
 
 class NodeEvents:
@@ -32,10 +69,29 @@ class NodeEvents:
                 self.reports.add(node.role.job_name, node.role.task_index, metrics)
             case ev.FeedStalled():
                 self._stalled(node, event)
+            case ev.ServerRestarted():
+                self._restarted(node, event)
             case ev.FeedTerminated() | ev.EpochRead():
                 pass  # the server keeps these as it records them: node.feed_ended, epochs_read()
             case _:
                 log.info("node %s reported %s", node.role.name, event)
+
+    @staticmethod
+    def _restarted(node: NodeState, event: ev.ServerRestarted) -> None:
+        back = (
+            f"accepting again {event.down_s:.1f}s after"
+            if event.accepting
+            else f"not accepting {event.down_s:.0f}s after"
+        )
+        log.warning(
+            "node %s: its TF server was %s and restarted in place (%d of at most %d), %s; TF's coordinator "
+            "re-runs the closures it lost",
+            node.role.name,
+            how_it_died(event.exit_code),
+            event.restart,
+            event.limit,
+            back,
+        )
 
     def _stalled(self, node: NodeState, event: ev.FeedStalled) -> None:
         error = FeedTimeout(

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode
-from ..errors import ConfigError, ReservationTimeout
+from ..errors import ConfigError, NodeFailed, ReservationTimeout
 from ..host import reserve_port
 from ..settings import Settings
 from ..tfprocess.hints import add_ps_hint
@@ -34,6 +34,7 @@ from ..tfprocess.server import (
 )
 from .cluster import Cluster
 from .launch import ClusterOptions, SettingKeywords, driver_host, start
+from .node_events import ServerRestart
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -76,6 +77,12 @@ class PSCluster:
         spec = self.cluster.server.cluster_spec
         assert spec is not None  # the nodes are up, so the spec was formed
         return {job: list(hosts) for job, hosts in spec.items()}
+
+    @property
+    def server_restarts(self) -> list[ServerRestart]:
+        """Worker servers restarted in place after they died (docs/ps.md), oldest first:
+        ``cluster.server_restarts[0].down_s``."""
+        return self.cluster.server_restarts
 
     def cluster_resolver(self, rpc_layer: str = "grpc") -> Any:
         """The driver's ``SparkClusterResolver``: task ``chief`` 0 of this cluster.
@@ -127,9 +134,14 @@ class PSCluster:
             self.shutdown()
             return
         add_ps_hint(exc)  # e.g. Keras 3's model.fit under PS: name the route that works
-        try:  # the block's own error is the one to see; a node failure behind it is logged
+        try:
             self.shutdown()
-        except Exception as error:
+        except NodeFailed as failed:  # the cause of TF's error in the block (a ps died): raise it, chained
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: theirs goes on
+                _log.warning("while stopping the parameter-server cluster after %r: %s", exc, failed)
+                return
+            raise failed from exc
+        except Exception as error:  # the block's own error is the one to see
             _log.warning("while stopping the parameter-server cluster after %r: %s", exc, error)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -56,6 +57,9 @@ MAX_STATUS_LINE = 1024 * 1024
 that is legitimate). A longer line is skipped, not read into memory, with an error in the log;
 a traceback that long still reaches the driver in the node's output tail."""
 ATTEMPT_ENV = "TFONSPARK_ATTEMPT"  # the TF process's ctx.attempt (0 = first start of the cluster)
+SERVER_RESTARTS = 3
+"""How many times a worker that only serves (``ps_cluster``, ``run(..., coordinator=True)``) is
+restarted in place at least; ``max_restarts`` raises it (``NodeConfig.server_restarts``)."""
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
 _SKIP_CHUNK = 64 * 1024  # how an overlong status line is read past
@@ -89,6 +93,9 @@ class Supervisor:
         self.data_path = ""  # the TF process's feed socket, removed after it exits
         self.scratch = ""  # the TF process's TMPDIR, removed after it exits
         self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
+        self.job_name = ""  # the node's TF job, once the driver said it
+        self.restarts = 0  # how many times the TF process was restarted in place
+        self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
         self._spawning = False
         self._lock = threading.Lock()
 
@@ -126,23 +133,67 @@ class Supervisor:
             )  # legacy_keras=on without tf_keras fails here
         except ConfigError as exc:
             return self._cannot_start(conn, exc)
+        self._spawning = True  # SIGTERM from now on stops the TF process instead of us
+        try:
+            ended = self._lives(conn, reply, host, port_sock)
+        finally:
+            self.done.set()  # stops the heartbeats
+        if ended is not None:
+            self._report_exit(conn, *ended)
+        return 0
+
+    def _lives(
+        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket
+    ) -> tuple[int, str] | None:
+        """Run the TF process, and again at the same port while :meth:`_restart_port` allows it.
+
+        Returns how the last one ended (exit code, traceback), or None where one could not start.
+        """
+        port = port_sock.getsockname()[1]
+        self.job_name = ready.job_name
+        while True:
+            try:
+                ended = self._life(conn, ready, host, port_sock)
+            finally:
+                port_sock.close()  # the TF process holds the reservation now; it alone releases it
+            if ended is None:
+                return None
+            died_at = time.monotonic()
+            again = self._restart_port(ended[0], port)
+            if again is None:
+                return ended
+            port_sock = again
+            self.restarts += 1
+            watch = (conn, _task_address(ready), self.restarts, ended[0], died_at)
+            threading.Thread(target=self._announce_restart, args=watch, daemon=True, name="tfos-restart").start()
+
+    def _life(
+        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket
+    ) -> tuple[int, str] | None:
+        """Spawn one TF process holding ``port_sock`` and follow it to its end: (exit code, traceback).
+
+        None where it could not be spawned (the node then fails, saying why).
+        """
         status_r, status_w = os.pipe()
         try:
-            self._spawning = True  # SIGTERM from now on stops the TF process instead of us
-            proc = self.proc = self._spawn(reply, host, port_sock, status_w)
+            proc = self.proc = self._spawn(ready, host, port_sock, status_w)
         except OSError as exc:  # EAGAIN/ENOMEM from fork, a missing interpreter: the node fails, saying why
             os.close(status_r)
-            return self._cannot_start(conn, exc)
+            self._cannot_start(conn, exc)
+            return None
         finally:
             os.close(status_w)
-        port_sock.close()  # the TF process holds the reservation now; it alone releases it
+        port_sock.close()
+        return self._follow(conn, proc, status_r)
+
+    def _follow(self, conn: Connection, proc: subprocess.Popen[bytes], status_r: int) -> tuple[int, str]:
+        """Relay one TF process's events until it exits; then remove what it left behind."""
         tee = threading.Thread(target=self._tee, args=(proc.stdout,), daemon=True)
         try:
-            if self.stopping:  # SIGTERM arrived while the TF process was being spawned
+            if self.stop_asked:  # SIGTERM or Stop arrived while the TF process was being spawned
                 self.terminate(2.0, force=True)
-            threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
-            if self.executor_pid:
-                threading.Thread(target=self._watch_executor, daemon=True, name="tfos-executor-watch").start()
+            if not self.restarts:  # the first TF process: from now on the driver may stop it
+                self._start_watchers(conn)
             tee.start()
             with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
                 error = self._relay_status(conn, status)
@@ -151,18 +202,59 @@ class Supervisor:
             if proc.poll() is None:
                 self.terminate(2.0, force=True)
             proc.wait()
-            self.done.set()
             _kill_group(proc.pid)  # children it left behind (TensorBoard, helpers)
             remove_unix_socket(self.data_path)  # left behind if the TF process was killed
             remove_scratch(self.scratch)
         tee.join(timeout=5)
+        return code, error
+
+    def _start_watchers(self, conn: Connection) -> None:
+        """The threads that stop the TF process: the driver's Stop (or silence), the executor's exit."""
+        threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
+        if self.executor_pid:
+            threading.Thread(target=self._watch_executor, daemon=True, name="tfos-executor-watch").start()
+
+    def _report_exit(self, conn: Connection, code: int, error: str) -> None:
+        """Tell the driver and the spawning task how the (last) TF process ended."""
         stopped = self.stopping and not self.executor_gone  # a lost executor is a failure, not a stop
         error = f"{self.executor_gone}\n{error}".strip() if self.executor_gone else error
+        if self.restarts and not stopped:
+            error = f"{error}\n(its TF server had been restarted in place {self.restarts} time(s))".strip()
         exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], stopped)
         with contextlib.suppress(OSError):
             m.send_message(conn, exit_msg)
         _status(ev.TaskExit(code, stopped, error))
-        return 0
+
+    # ---- restarts in place (the workers of a parameter-server cluster) ---------------------------
+    def _restart_port(self, code: int, port: int) -> socket.socket | None:
+        """``port`` reserved again if the TF process that just ended (``code``) is to restart there, else None.
+
+        Only a worker that only serves (``NodeConfig.server_restarts`` > 0: ``ps_cluster``,
+        ``run(..., coordinator=True)``) killed by a signal, not stopped, restarts: TF's
+        coordinator re-runs its closures once it accepts again. A ps's variables die with it,
+        and anything else runs user code: those fail as before.
+        """
+        if code >= 0 or self.stop_asked or self.executor_gone or self.job_name != "worker":
+            return None
+        if self.restarts >= self.config.server_restarts:
+            if self.config.server_restarts:
+                log.error("tfonspark supervisor: TF server died again after %d restart(s): giving up", self.restarts)
+            return None
+        try:
+            return reserve_again(port)
+        except OSError as exc:  # another process took the port meanwhile: the node fails as before
+            log.error("tfonspark supervisor: cannot reserve port %d again to restart the TF server: %s", port, exc)
+            return None
+
+    def _announce_restart(
+        self, conn: Connection, address: tuple[str, int], restart: int, code: int, died_at: float
+    ) -> None:
+        """Tell the driver (a ``ServerRestarted`` event) once the restarted server accepts, or gave up."""
+        accepting = _wait_accepting(address, self.config.reservation_timeout, self.done)
+        down_s = round(time.monotonic() - died_at, 3)
+        event = ev.ServerRestarted(restart, self.config.server_restarts, code, down_s, accepting)
+        log.warning("tfonspark supervisor: TF server %s restarted in place: %s", self.job_name, event)
+        self._relay(conn, event)
 
     def _watch_executor(self) -> None:
         """Stop the TF process when the Spark executor it belongs to is gone (killed, lost, preempted).
@@ -363,6 +455,7 @@ class Supervisor:
     def terminate(self, grace: float, force: bool = False) -> None:
         """SIGTERM the TF process group, SIGKILL after ``grace`` seconds."""
         with self._lock:
+            self.stop_asked = True  # also between two TF processes of a restart: no next one
             proc = self.proc
             if proc is None or proc.poll() is not None:
                 return
@@ -383,8 +476,8 @@ class Supervisor:
         if not self._spawning:  # registering or waiting for the cluster: nothing to clean up
             _status(ev.TaskFailed("stopped (SIGTERM) before the TF process started"))
             os._exit(1)
-        if self.proc is None:  # being spawned: _run stops it right after
-            self.stopping = True
+        if self.proc is None:  # being spawned: _follow stops it right after
+            self.stopping = self.stop_asked = True
             return
         threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
 
@@ -414,6 +507,70 @@ def _status_lines(status: IO[str]) -> Iterator[str]:
             MAX_STATUS_LINE,
             head,
         )
+
+
+REBIND_SECS = 5.0  # how long a restart tries to reserve its port again (a dying group may hold it)
+_PROBE_SECS = 0.05  # between connection attempts to a restarted server
+
+
+def reserve_again(port: int, wait: float = REBIND_SECS) -> socket.socket:
+    """``port`` reserved again right after its TF server died, as ``host.reserve_port`` reserves it.
+
+    The dead server's connections may linger (``TIME_WAIT``, ``FIN_WAIT``), which a bind without
+    ``SO_REUSEADDR`` refuses: so it binds with the option, then turns it off on the bound socket,
+    after which no other socket, with the option or not, can bind the port beside it (Linux).
+    Retried for up to ``wait`` seconds while the port is in use; then ``EADDRINUSE`` is raised.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return _rebind(port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        time.sleep(_PROBE_SECS)
+
+
+def _rebind(port: int) -> socket.socket:
+    """One try of :func:`reserve_again`: ``[::]:port`` dual-stack where the host can, else ``0.0.0.0:port``."""
+    families = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")] if socket.has_ipv6 else []
+    for family, address in families or [(socket.AF_INET, "0.0.0.0")]:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 in this kernel
+            continue
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the dead server's connections
+            sock.bind((address, port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)  # and no one binds it beside us
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE or family == socket.AF_INET:
+                raise
+            continue
+        sock.set_inheritable(True)  # handed to the TF process, as at the first start
+        return sock
+    raise OSError(errno.EAFNOSUPPORT, "no TCP socket family to reserve the port with")
+
+
+def _task_address(ready: m.ClusterReady) -> tuple[str, int]:
+    """Where this node's server is reached: its address in the cluster spec."""
+    host, _, port = ready.cluster_spec[ready.job_name][ready.task_index].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _wait_accepting(address: tuple[str, int], timeout: float, done: threading.Event) -> bool:
+    """Whether ``address`` accepts a TCP connection within ``timeout`` (False at once once ``done``)."""
+    deadline = time.monotonic() + timeout
+    while not done.is_set() and time.monotonic() < deadline:
+        try:
+            with socket.create_connection(address, timeout=1):
+                return True
+        except OSError:
+            done.wait(_PROBE_SECS)
+    return False
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -8,7 +8,7 @@ type-checked on decode, never pickled):
   :class:`ProcessError` with the traceback if it raised, and every :class:`NodeEvent`;
 * **node -> driver** (the supervisor relays each :class:`NodeEvent` on its authenticated
   connection): :class:`Reported` (``ctx.report``), :class:`FeedStalled`, :class:`FeedTerminated`,
-  :class:`FeedRefused`, :class:`EpochRead`;
+  :class:`FeedRefused`, :class:`EpochRead`; and the supervisor's own :class:`ServerRestarted`;
 * **supervisor -> Spark node task** (its stdout, after ``STATUS_PREFIX``): :class:`TaskUp`,
   :class:`TaskExit`, :class:`TaskFailed`, :class:`TaskRejected`.
 
@@ -35,6 +35,7 @@ __all__ = [
     "ProcessError",
     "ProcessUp",
     "Reported",
+    "ServerRestarted",
     "TaskExit",
     "TaskFailed",
     "TaskRejected",
@@ -148,6 +149,23 @@ class EpochRead(NodeEvent):
         if not 0 <= self.epoch < 2**31:
             return f"its epoch is {self.epoch}, and must be an int from 0 to 2**31 - 1"
         return _feed_id_refusal(self.feed_id)
+
+
+@dataclass
+class ServerRestarted(NodeEvent):
+    """The supervisor restarted a worker's TF server in place (same address) after it died.
+
+    ``restart`` of at most ``limit``; ``exit_code`` is how the server died (``-9``: SIGKILL);
+    ``down_s`` the seconds from its death to the new server accepting connections, or to giving
+    up on that (``accepting`` False).
+    """
+
+    TYPE: ClassVar[str] = "server_restarted"
+    restart: int
+    limit: int
+    exit_code: int
+    down_s: float
+    accepting: bool = True
 
 
 # ---- supervisor -> Spark node task -------------------------------------------------------------
