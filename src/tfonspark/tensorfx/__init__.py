@@ -16,13 +16,19 @@ from __future__ import annotations
 from .args import ModelArguments
 from .builder import EvaluationGraph, ModelBuilder, PredictionGraph, TrainingGraph
 from .config import Configuration, Task
+from .trainer import DebugOptions, ModelTrainer, NumericsError, Summaries, TrainedModel
 
 __all__ = [
     "Configuration",
+    "DebugOptions",
     "EvaluationGraph",
     "ModelArguments",
     "ModelBuilder",
+    "ModelTrainer",
+    "NumericsError",
     "PredictionGraph",
+    "Summaries",
     "Task",
+    "TrainedModel",
     "TrainingGraph",
 ]

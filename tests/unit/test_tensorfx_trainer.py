@@ -1,0 +1,96 @@
+"""tfonspark.tensorfx.ModelTrainer in one process: outputs, resume, served outputs, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfonspark import InputMode  # noqa: E402
+from tfonspark.errors import ConfigError  # noqa: E402
+from tfonspark.tensorfx import (  # noqa: E402
+    Configuration,
+    DebugOptions,
+    ModelArguments,
+    ModelBuilder,
+    ModelTrainer,
+    NumericsError,
+)
+
+
+class Separable(ModelBuilder):
+    """Two well separated blobs; ``poison`` puts a log of a negative number in the model."""
+
+    poison = False
+
+    def build_input(self, source: str, batch: int, epochs: int | None, shuffle: bool) -> tf.data.Dataset:
+        rows = self.rows(source).map(lambda x, y: ({"x": x}, y))
+        return rows.repeat(epochs).batch(batch)
+
+    def build_inference(self, inputs: Any, training: bool | None) -> Any:
+        x = inputs["x"]
+        if self.poison:
+            x = keras.layers.Lambda(lambda t: tf.math.log(t - 10.0))(x)
+        return keras.layers.Dense(2)(x)
+
+    def build_training(self, global_steps: int, inputs: Any, inferences: Any) -> tuple[Any, Any]:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(0.05)
+
+    def build_evaluation(self, inputs: Any, outputs: Any) -> list[Any]:
+        return ["accuracy"]
+
+    def build_output(self, inferences: Any) -> dict[str, Any]:
+        return {"label": keras.ops.argmax(inferences, axis=-1)}
+
+
+def blobs() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 64)
+    x = (rng.normal(size=(64, 2)) * 0.3 + (labels[:, None] * 2 - 1)).astype(np.float32)
+    return {"train": (x, labels), "eval": (x[:16], labels[:16])}
+
+
+def test_trains_alone_writes_outputs_and_resumes(tmp_path: Path) -> None:
+    trainer = ModelTrainer(Configuration.local())
+    args = ModelArguments.parse(["--epochs", "3", "--batch-size", "8"])
+    result = trainer.train(Separable(args, blobs()), tmp_path)
+    assert result.export_dir == os.path.join(tmp_path, "model")
+    assert len(result.history["accuracy"]) == 3 and result.history["val_accuracy"][-1] >= 0.9
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-3")
+    assert list((tmp_path / "summaries").glob("events.out.tfevents.*"))
+    served = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+    x, labels = blobs()["eval"]
+    assert (served(x=tf.constant(x))["label"].numpy() == labels).mean() >= 0.9
+    # a second train with more epochs goes on from the checkpoint
+    again = ModelTrainer(Configuration.local()).train(
+        Separable(ModelArguments.parse(["--epochs", "4", "--batch-size", "8"]), blobs()), tmp_path
+    )
+    assert len(again.history["accuracy"]) == 1
+
+
+def test_check_numerics_names_op_role_and_index(tmp_path: Path) -> None:
+    builder = Separable(ModelArguments.parse(["--batch-size", "16"]), blobs())
+    builder.poison = True
+    trainer = ModelTrainer(Configuration.local(), debug=DebugOptions(check_numerics=True))
+    with pytest.raises(NumericsError, match=r"op 'Log' produced NaN or Inf on chief:0"):
+        trainer.train(builder, tmp_path)
+    assert tf.constant(-1.0).numpy() < 0  # check_numerics is off again afterwards
+    tf.math.log(tf.constant(-1.0))
+
+
+def test_bad_trainer_input(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs the node's ctx"):
+        ModelTrainer(input_mode=InputMode.SPARK)
+    args = ModelArguments.parse(["--batch-size", "16"])
+    with pytest.raises(ConfigError, match="--steps-per-epoch is required"):
+        ModelTrainer(Configuration.local(), ctx=object(), input_mode=InputMode.SPARK).train(
+            Separable(args, blobs()), tmp_path
+        )
