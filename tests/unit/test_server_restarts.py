@@ -1,0 +1,280 @@
+"""Restarting a PS worker's server in place (executor/supervisor.py), and what the driver makes of it.
+
+A real supervisor and TF process against a fake driver: the "server" is a Python listener on the
+node's port, so no TensorFlow is imported. Killed, it comes back at the same port, announced by a
+``ServerRestarted`` event, until ``NodeConfig.server_restarts`` is spent; then the node fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from tfonspark.config import NodeConfig
+from tfonspark.driver.node_events import NodeEvents, ServerRestart, how_it_died
+from tfonspark.driver.ps import PSCluster
+from tfonspark.errors import NodeFailed
+from tfonspark.executor.supervisor import Supervisor, reserve_again
+from tfonspark.testing import FakeDriver
+from tfonspark.wire import events as ev
+from tfonspark.wire import messages as m
+from tfonspark.wire.bootstrap import write_bootstrap
+
+SECRET_HEX = "5a" * 32
+
+
+def _config(**overrides) -> NodeConfig:
+    fields = {
+        "cluster_id": "server-restart-test",
+        "driver_host": "127.0.0.1",
+        "driver_port": 1,
+        "secret_hex": SECRET_HEX,
+        "reservation_timeout": 30.0,
+        "heartbeat_secs": 0.2,
+    }
+    fields.update(overrides)
+    return NodeConfig(**fields)
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _serving(args, ctx):
+    """A stand-in for ``tfprocess.server.serve``: listen on the node's port as TF's server does."""
+    import socket
+    import time
+
+    port = int(ctx.cluster_spec["worker"][0].rpartition(":")[2])
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TF's gRPC server binds
+    server.bind(("0.0.0.0", port))
+    server.listen()
+    while True:
+        conn, _ = server.accept()  # a peer connects and stays: the kill leaves its connection behind
+        time.sleep(120)
+
+
+def _payload() -> bytes:
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        return cloudpickle.dumps((_serving, None))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture
+def supervised():
+    """Start a supervisor subprocess against a fake driver: ``(fake, proc)``; both go after the test."""
+    made: list[tuple[FakeDriver, subprocess.Popen]] = []
+
+    def start(**overrides) -> tuple[FakeDriver, subprocess.Popen]:
+        fake = FakeDriver(SECRET_HEX, heartbeat_secs=0.2)
+        config = _config(driver_port=fake.port, **overrides)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfonspark.executor.supervisor", "--cluster", config.cluster_id[:12]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        write_bootstrap(proc.stdin, {"config": config.to_json(), "executor_id": 0, "gpus": []}, _payload())
+        proc.stdin.close()
+        made.append((fake, proc))
+        return fake, proc
+
+    yield start
+    for fake, proc in made:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        fake.close()
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervised):
+    fake, proc = supervised(server_restarts=1)
+    first = fake.wait_for(m.NodeUp)
+    port = fake.wait_for(m.Register).port
+    assert _wait(lambda: _accepts(port), 20)
+    peer = _connect(port)  # a live connection when it dies: its remains must not block the restart
+    os.kill(first.tf_pid, signal.SIGKILL)
+    restarted = fake.wait_for(ev.ServerRestarted, timeout=30)
+    assert (restarted.restart, restarted.limit, restarted.exit_code, restarted.accepting) == (1, 1, -9, True)
+    assert 0 < restarted.down_s < 20
+    second = fake.of(m.NodeUp)[-1]
+    assert second.tf_pid != first.tf_pid and _accepts(port) and not _alive(first.tf_pid)
+    assert fake.of(m.NodeExit) == []  # the driver saw no failure
+    peer.close()
+    os.kill(second.tf_pid, signal.SIGKILL)  # the limit is spent: now the node fails, saying so
+    exit_msg = fake.wait_for(m.NodeExit, timeout=30)
+    assert exit_msg.exit_code == -9 and not exit_msg.stopped
+    assert "restarted in place 1 time(s)" in exit_msg.traceback
+    assert len(fake.of(ev.ServerRestarted)) == 1
+    assert proc.wait(15) == 0 and not _alive(second.tf_pid) and not _accepts(port)
+
+
+def test_without_server_restarts_a_killed_server_fails_the_node_as_before(supervised):
+    fake, proc = supervised()  # server_restarts=0: MWMS nodes, anything running user code
+    up = fake.wait_for(m.NodeUp)
+    os.kill(up.tf_pid, signal.SIGKILL)
+    exit_msg = fake.wait_for(m.NodeExit, timeout=30)
+    assert exit_msg.exit_code == -9 and "restarted" not in exit_msg.traceback
+    assert fake.of(ev.ServerRestarted) == [] and proc.wait(15) == 0
+
+
+def _accepts(port: int) -> bool:
+    try:
+        _connect(port).close()
+        return True
+    except OSError:
+        return False
+
+
+# ---- which deaths restart, and the port's reservation -------------------------------------------------
+
+
+def _supervisor(job: str, restarts: int = 3) -> Supervisor:
+    sup = Supervisor(_config(server_restarts=restarts), 0, [], b"")
+    sup.job_name = job
+    return sup
+
+
+@pytest.mark.parametrize(
+    ("job", "code", "restarts", "stop"),
+    [
+        ("ps", -9, 3, False),  # a ps's variables die with it: the coordinator must restore
+        ("worker", 1, 3, False),  # an exception is a bug, not a lost machine
+        ("worker", -9, 0, False),  # nodes that run user code (server_restarts=0)
+        ("worker", -9, 3, True),  # the driver asked it to stop
+    ],
+)
+def test_only_a_serving_worker_killed_by_a_signal_restarts(job, code, restarts, stop):
+    sup = _supervisor(job, restarts)
+    if stop:
+        sup.terminate(0)  # no TF process at that moment (between two): still no next one
+    assert sup._restart_port(code, 1) is None
+
+
+def test_a_serving_worker_killed_by_a_signal_gets_its_port_again():
+    sup = _supervisor("worker", 3)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    held.close()
+    sock = sup._restart_port(-9, port)
+    assert sock is not None and sock.getsockname()[1] == port and sock.get_inheritable()
+    sock.close()
+    sup.restarts = 3
+    assert sup._restart_port(-9, port) is None  # spent
+
+
+def _bind(port: int, reuse: bool) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if reuse:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        assert exc.errno == errno.EADDRINUSE
+        return None
+    return sock
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux bind() rules")
+def test_reserve_again_binds_past_a_dead_servers_connections_and_holds_the_port():
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's side closes first: its connection lingers (FIN_WAIT/TIME_WAIT)
+    server.close()
+    try:
+        assert _bind(port, reuse=False) is None  # what host.reserve_port would meet
+        held = reserve_again(port, wait=0)
+        try:
+            assert _bind(port, reuse=True) is None and _bind(port, reuse=False) is None  # nobody beside it
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the hand-over to TF's server
+            again = _bind(port, reuse=True)
+            assert again is not None
+            again.listen()
+            again.close()
+        finally:
+            held.close()
+    finally:
+        client.close()
+
+
+# ---- the driver's side --------------------------------------------------------------------------
+
+
+def test_the_driver_logs_a_restart_and_records_it(caplog):
+    event = ev.ServerRestarted(restart=2, limit=3, exit_code=-9, down_s=7.25)
+    node = types.SimpleNamespace(role=types.SimpleNamespace(name="worker:1", job_name="worker", task_index=1))
+    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.node_events"):
+        NodeEvents(reports=None, feeds=None)(node, event)  # type: ignore[arg-type]
+    assert "worker:1" in caplog.text and "SIGKILL" in caplog.text and "2 of at most 3" in caplog.text
+    record = ServerRestart.of("worker:1", event)
+    assert (record.node, record.restart, record.down_s, record.accepting) == ("worker:1", 2, 7.25, True)
+    assert how_it_died(-9) == "killed by signal 9 (SIGKILL)" and how_it_died(1) == "exited with code 1"
+
+
+class _Cluster:
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    def stop(self, grace_secs: float) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class _Handover:
+    def release(self) -> None:
+        pass
+
+
+def _ps_cluster(error: Exception | None) -> PSCluster:
+    return PSCluster(_Cluster(error), "127.0.0.1:1", _Handover())  # type: ignore[arg-type]
+
+
+def test_leaving_the_block_with_tfs_error_raises_the_node_failure_behind_it():
+    failed = NodeFailed("TensorFlow node ps:0 (executor 0) was killed by signal 9 (SIGKILL)", role="ps", index=0)
+    with pytest.raises(NodeFailed) as info, _ps_cluster(failed):
+        raise RuntimeError("UnavailableError: failed to connect to all addresses")
+    assert info.value is failed and isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(KeyboardInterrupt), _ps_cluster(failed):  # an interrupt stays what it is
+        raise KeyboardInterrupt
+    with pytest.raises(ValueError), _ps_cluster(RuntimeError("other")):  # the block's own error otherwise
+        raise ValueError("the block's own")
