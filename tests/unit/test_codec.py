@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -243,15 +244,53 @@ def test_list_features_that_differ_give_the_errors_numpy_rules_give(rows, row, w
         assert words in str(info.value)
 
 
-def test_feed_task_chunks_of_list_rows_hold_at_most_262144_python_values():
+def test_feed_task_packs_chunks_of_at_most_32768_python_values_into_4_mb_frames(monkeypatch):
+    from tfonspark.executor import feeder
     from tfonspark.executor.feeder import Feeder
 
+    chunks: list[int] = []
+
+    def recording(rows, *args, **kwargs):
+        chunks.append(len(rows))
+        return pack_rows(rows, *args, **kwargs)
+
+    monkeypatch.setattr(feeder, "pack_rows", recording)
+
     def counts(rows: list) -> list[int]:
+        chunks.clear()
         return [b.count for b in Feeder._row_batches(0, iter(rows))]
 
-    assert counts([(list(W784), i) for i in range(1000)]) == [16, 333, 333, 318]  # 262,144 // 786 values
+    rows = [(list(W784), i) for i in range(1000)]
+    assert counts(rows) == [16, 697, 287]  # whole chunks up to 4 MB // 6,280 bytes a row
+    assert chunks == [16] + [41] * 24  # 32,768 // 786 values
+    got = list(itertools.chain.from_iterable(b.rows() for b in Feeder._row_batches(0, iter(rows))))
+    assert [r[1] for r in got] == list(range(1000)) and all(list(r[0]) == W784 for r in got)
     assert counts([(np.zeros(784, np.float32), i) for i in range(3000)]) == [16, 1334, 1334, 316]  # 4 MB
     assert counts(list(range(70_000))) == [16, 65536, 4448]
+
+
+def _fed(rows: list) -> list:
+    from tfonspark.executor.feeder import Feeder
+
+    return list(itertools.chain.from_iterable(b.rows() for b in Feeder._row_batches(3, iter(rows))))
+
+
+@pytest.mark.parametrize("until", [58, 200])  # one ragged row, or every row from there on
+def test_a_ragged_row_at_the_start_of_a_chunk_is_named_against_its_frame(until):
+    rows = [(list(W784), i) for i in range(200)]
+    rows[57:until] = [(W784[:-1], i) for i in range(57, until)]  # 57 = 16 + 41: a chunk's first row
+    with pytest.raises(InputError) as info:
+        _fed(rows)
+    assert (info.value.partition, info.value.row) == (3, 57)
+    assert "expected shape=(784,) like the first row, received shape=(783,)" in str(info.value)
+
+
+def test_chunks_of_another_dtype_or_python_values_start_new_frames():
+    rows = [([1.0, 2.0], i) for i in range(40_000)] + [([1.0, 2.0], i + 0.5) for i in range(40_000)]
+    got = _fed(rows)
+    assert [r[1] for r in got] == [r[1] for r in rows] and all(list(r[0]) == [1.0, 2.0] for r in got)
+    words = [(f"w{i}", i) for i in range(30_000)]
+    assert _fed(words) == words
 
 
 def test_namedtuple_rows_are_tuples():

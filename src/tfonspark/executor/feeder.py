@@ -32,12 +32,14 @@ from ..wire.pickled import PickledRows
 __all__ = ["FeedTarget", "Feeder", "choose_target", "decoded_batches", "pickled_batches", "rdd_feed"]
 
 _TARGET_BYTES = 4 * 1024 * 1024
-#: Python objects in one chunk of rows at most: a chunk of list rows is packed after it was
-#: unpickled, and a larger one has left the CPU caches by then (32-float list rows: 15,887 rows
-#: a chunk cost 2.9 us/row to unpickle, pack and drop, 7,489 rows 2.2-2.5); much smaller
-#: chunks make more frames, and each costs the TF process ~0.5 ms (784-float list rows in
-#: 83-row frames: 8-15 us/row there, in 333-row frames 4-6)
-_TARGET_VALUES = 262144
+#: Python objects in one chunk of rows at most: a chunk of list rows is unpickled (or made by
+#: an uncached ``map``), held alive and packed, and the larger it is, the more of it has left
+#: the CPU caches by the time it is packed and freed. Unpickle + pack + drop, CPU us per row:
+#: 784-float list rows 27.8 in chunks of 262,144 values, 23.5 of 32,768, 24.8 of 16,384; 32-float
+#: rows 1.72, 1.37, 1.48 (unpickle alone: 14.9 and 0.75). Chunks are joined into frames of
+#: about ``_TARGET_BYTES`` (:func:`_frames`): each frame costs the TF process ~0.5 ms
+#: (784-float rows in 83-row frames: 8-15 us/row there, in 333-row frames 4-6)
+_CHUNK_VALUES = 32768
 #: feed ids made here are ``<this driver>:<n>``, n counting up: a node keeps one number per
 #: such stream of feeds, not every id (tfprocess/feedserver.py ``Delivered``)
 _DRIVER_FEEDS = uuid.uuid4().hex[:16]
@@ -132,28 +134,27 @@ class Feeder:
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
     def _row_batches(partition: int, rows: Iterator[Any], first_row: int = 0) -> Iterator[ColumnBatch]:
-        """Pack rows into batches of about 4 MB, or of 262,144 Python values (list rows); a small
-        first batch measures the row size.
+        """Pack rows into batches of about 4 MB, from chunks of at most 32,768 Python values;
+        a small first chunk measures the row size.
 
-        Large array columns reuse one buffer (:class:`Scratch`): each batch must be sent
-        before the next is asked for.
+        Columns reuse buffers (:class:`Scratch`): each batch must be sent before the next is
+        asked for.
         """
         # PySpark may hand a partition as a re-iterable (a ``range`` from ``parallelize``, the
         # list a user's ``mapPartitions`` returned): islice on it would restart at row 0 forever
         rows = iter(rows)
-        size, scratch, values = 16, Scratch(), 0
-        while True:
-            with _gc_paused():
-                chunk = list(itertools.islice(rows, size))
-                if not chunk:
-                    return
-                batch = pack_rows(chunk, partition, first_row, scratch)
-                values = values or max(_python_values(chunk[0]), 1)  # the rows are like the first
-                del chunk  # the rows die here, by reference counting, before the GC runs again
-            first_row += batch.count
-            per_row = max(batch.nbytes // batch.count, 1)
-            size = max(1, min(65536, _TARGET_BYTES // per_row, _TARGET_VALUES // values))
-            yield batch
+        with _gc_paused():
+            first = list(itertools.islice(rows, 16))
+            if not first:
+                return
+            head = pack_rows(first, partition, first_row, Scratch())
+        values = max(_python_values(first[0]), 1)  # the rows are like the first
+        per_row = max(head.nbytes // head.count, 1)
+        frame_rows = max(1, min(65536, _TARGET_BYTES // per_row))
+        size = max(1, min(frame_rows, _CHUNK_VALUES // values))
+        del first
+        yield head
+        yield from _frames(partition, rows, first_row + head.count, size, frame_rows)
 
     # ---- training ----------------------------------------------------------------------------
     def _send_partition(
@@ -356,13 +357,92 @@ def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBa
         yield _joined(pending, scratch)
 
 
+def _frames(partition: int, rows: Iterator[Any], first_row: int, size: int, frame_rows: int) -> Iterator[ColumnBatch]:
+    """``rows`` packed in chunks of ``size`` rows, joined into batches of ``frame_rows`` rows."""
+    frames = _Frames(partition, frame_rows, size)
+    while True:
+        with _gc_paused():
+            chunk = list(itertools.islice(rows, size))
+            done = not chunk
+            ready = frames.flush() if done else frames.add(chunk, first_row)
+            first_row += len(chunk)
+            del chunk  # the rows die here, by reference counting, before the GC runs again
+        yield from ready
+        if done:
+            return
+
+
+class _Frames:
+    """Chunks of rows packed one at a time into one reused :class:`Scratch` (it stays in the CPU
+    caches), each copied on into the frame being built (two more, used in turn).
+
+    A chunk that does not pack like the first row of its frame (an ``InputError``, another
+    layout or dtype) is packed again behind that row, as one chunk of both would be packed: the
+    error then names the row and what it differs from, as before; else the frame is cut there.
+    Chunks with a column of Python values (strings, objects) are frames of their own.
+    """
+
+    def __init__(self, partition: int, frame_rows: int, size: int) -> None:
+        self.partition, self.frame_rows, self.capacity = partition, frame_rows, frame_rows + size
+        self.chunk, self.frame, self.other = Scratch(), Scratch(), Scratch()
+        self.first: ColumnBatch | None = None  # the frame's first chunk, as packed
+        self.columns: list[np.ndarray] = []  # the frame's columns, ``capacity`` rows each
+        self.rows = 0
+        self.ref: Any = None  # the frame's first row
+
+    def add(self, chunk: list[Any], first_row: int) -> list[ColumnBatch]:
+        """Pack ``chunk``; the frames now complete, to be sent before the next ``add``."""
+        try:
+            batch = pack_rows(chunk, self.partition, first_row, self.chunk)
+        except InputError:
+            self._recheck(chunk, first_row)
+            raise
+        ready = []
+        if self.first is not None and not _same_layout(self.first, batch):
+            self._recheck(chunk, first_row)
+            ready = self.flush()
+        if not all(isinstance(col, np.ndarray) for col in batch.columns):
+            return [*ready, batch]  # sent before the next chunk reuses its memory
+        if self.first is None:
+            self.first, self.ref = batch, chunk[0]
+            self.columns = [
+                self.frame.buffer(j, self.capacity * col[0:1].nbytes).view(col.dtype).reshape(-1, *col.shape[1:])
+                for j, col in enumerate(batch.columns)
+            ]
+        for dest, col in zip(self.columns, batch.columns):
+            dest[self.rows : self.rows + len(col)] = col
+        self.rows += batch.count
+        return ready + self.flush() if self.rows >= self.frame_rows else ready
+
+    def flush(self) -> list[ColumnBatch]:
+        """The frame built so far (none if it is empty); valid until the next ``add``."""
+        if self.first is None:
+            return []
+        first, rows = self.first, self.rows
+        self.first, self.rows, self.ref = None, 0, None
+        self.frame, self.other = self.other, self.frame  # two frames may be ready at once
+        return [ColumnBatch([col[:rows] for col in self.columns], first.layout, first.names, first.kinds)]
+
+    def _recheck(self, chunk: list[Any], first_row: int) -> None:
+        """Raise the ``InputError`` of the frame's first row and ``chunk`` packed as one chunk."""
+        if self.ref is not None:
+            pack_rows([self.ref, *chunk], self.partition, first_row - 1)
+
+
 def _same_layout(a: ColumnBatch, b: ColumnBatch) -> bool:
     """The batches' columns can be joined: same layout, dtypes and per-row shapes."""
     return (
         a.layout == b.layout
         and a.kinds == b.kinds
+        and a.names == b.names
         and len(a.columns) == len(b.columns)
-        and all(x.dtype == y.dtype and x.shape[1:] == y.shape[1:] for x, y in zip(a.columns, b.columns))
+        and all(
+            isinstance(x, np.ndarray)
+            and isinstance(y, np.ndarray)
+            and x.dtype == y.dtype
+            and x.shape[1:] == y.shape[1:]
+            for x, y in zip(a.columns, b.columns)
+        )
     )
 
 

@@ -291,12 +291,12 @@ def _pack_into(out: np.ndarray, rows: Sequence[Any], width: int, code: str) -> N
     """Pack ``rows`` (each ``width`` numbers) into ``out``: a call per wide row, else per block."""
     if width >= _MIN_ROW_WIDTH:
         pack = _packer(width, code)
-        step = struct.calcsize(f"={width}{code}")
+        step = struct.calcsize(f"{width}{code}")
         for offset, row in zip(range(0, step * len(rows), step), rows):
             pack(out, offset, *row)
         return
     flat = itertools.chain.from_iterable(rows)
-    total, done, itemsize = len(rows) * width, 0, struct.calcsize(f"={code}")
+    total, done, itemsize = len(rows) * width, 0, struct.calcsize(f"{code}")
     block = _packer(_BLOCK, code)
     while total - done >= _BLOCK:
         block(out, done * itemsize, *itertools.islice(flat, _BLOCK))
@@ -307,8 +307,9 @@ def _pack_into(out: np.ndarray, rows: Sequence[Any], width: int, code: str) -> N
 
 @functools.lru_cache(maxsize=64)
 def _packer(count: int, code: str) -> Callable[..., None]:
-    """``pack_into`` of ``count`` native-order numbers of struct ``code`` (compiled once)."""
-    return struct.Struct(f"={count}{code}").pack_into
+    """``pack_into`` of ``count`` numbers of struct ``code`` (compiled once), in native size and
+    order: as numpy's float64/int64, and ~10% cheaper than the standard sizes of ``=``."""
+    return struct.Struct(f"{count}{code}").pack_into
 
 
 def _ragged(values: Sequence[Any], name: str | int, partition: int | None, first_row: int) -> InputError:
