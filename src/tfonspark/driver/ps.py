@@ -181,8 +181,10 @@ def ps_cluster(
         Seconds to wait for the task slots and for every node to register.
     max_restarts : int
         As for :func:`tfonspark.run`: a node failing while the cluster starts restarts the
-        whole start (fresh addresses). A node failing later is not restarted: ``shutdown()``
-        raises NodeFailed naming it.
+        whole start (fresh addresses). Later, a worker server that dies is restarted in place
+        (same address; at most ``max(3, max_restarts)`` times) and TF's coordinator re-runs
+        its closures; a ps that dies is not: TF's error leaves the block, and NodeFailed
+        naming the ps is raised from it (docs/ps.md, "Failures").
     launcher : Launcher, optional
         Starts the node supervisors (tests: ``tfonspark.testing.LocalLauncher``).
     evaluator : callable, optional
