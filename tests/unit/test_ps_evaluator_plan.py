@@ -17,10 +17,13 @@ from pyspark import cloudpickle
 import tfonspark
 from tfonspark.distribute import sidecar
 from tfonspark.driver.plan import plan_roles
+from tfonspark.driver.rendezvous import NodeState
+from tfonspark.driver.sidecars import EVALUATOR_GRACE_SECS, finish_evaluators
 from tfonspark.errors import ConfigError
 from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess import server
 from tfonspark.tfprocess.server import ChiefCoordinator, ServeBesideEvaluator, coordinator_spec
+from tfonspark.wire.messages import NodeExit
 
 
 class _Ctx:
@@ -113,3 +116,47 @@ def test_ps_cluster_program_runs_the_evaluator_fn_there_and_serves_elsewhere(sto
 def test_ps_cluster_refuses_an_evaluator_that_is_not_callable():
     with pytest.raises(ConfigError, match="evaluator must be callable"):
         tfonspark.ps_cluster(FakeSparkContext(), num_workers=1, num_ps=1, evaluator="eval.py")
+
+
+class _Server:
+    """What :func:`finish_evaluators` uses of the rendezvous server: its nodes, Stop, and waiting."""
+
+    def __init__(self, nodes, exit_code=0) -> None:
+        self.nodes = {n.role.executor_id: n for n in nodes}
+        self.stopped: list[tuple[str, float]] = []
+        self.exit_code = exit_code
+
+    def stop_node(self, node, grace_secs) -> None:
+        self.stopped.append((node.role.name, grace_secs))
+        node.exit = NodeExit(node.role.executor_id, self.exit_code, stopped=True)  # its supervisor's answer
+
+    def wait_for(self, predicate, timeout, until_failure=True) -> bool:
+        assert timeout > 0 and until_failure is False
+        return bool(predicate(self.nodes.values()))
+
+
+def _nodes():
+    return [
+        NodeState(role, address=f"h:{role.executor_id}") for role in plan_roles(4, 1, eval_node=True, coordinator=True)
+    ]
+
+
+def test_the_evaluator_is_stopped_first_with_a_longer_grace_and_waited_for():
+    server = _Server(_nodes())
+    finish_evaluators(server, grace_secs=0)
+    assert server.stopped == [("evaluator:0", EVALUATOR_GRACE_SECS)]  # only it; the rest go at teardown
+    finish_evaluators(server, grace_secs=30)  # it has exited: nothing to do
+    assert len(server.stopped) == 1
+
+
+def test_an_evaluator_killed_at_its_stop_is_logged(caplog):
+    server = _Server(_nodes(), exit_code=-9)
+    finish_evaluators(server, grace_secs=60)
+    assert server.stopped == [("evaluator:0", 60)]
+    assert "evaluator:0 exited with code -9" in caplog.text and "grace_secs" in caplog.text
+
+
+def test_without_an_evaluator_nothing_is_stopped():
+    server = _Server([NodeState(role, address="h:1") for role in plan_roles(3, 1, coordinator=True)])
+    finish_evaluators(server, grace_secs=0)
+    assert server.stopped == []

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import FeedError, NodeFailed, ShutdownTimeout
 from ..wire.errors import reraise, summary
 from .restarts import Attempts
+from .sidecars import finish_evaluators
 from .streaming import Streams
 
 __all__ = ["finish", "stop_now"]
@@ -63,6 +64,7 @@ def _stop_the_rest(attempts: Attempts, streams: Streams, grace_secs: float) -> N
         attempts.gang.check()
     except NodeFailed as error:
         raise attempts.give_up(error) from None
+    finish_evaluators(attempts.gang.server, grace_secs)  # first: its last report must reach us
     attempts.gang.teardown(grace_secs=max(grace_secs, 2.0))
     streams.join(30)
 
@@ -72,6 +74,7 @@ def stop_now(attempts: Attempts, streams: Streams, grace_secs: float) -> None:
     gang = attempts.gang
     try:
         gang.check()  # a failure: torn down at once, and raised
+        finish_evaluators(gang.server, grace_secs)  # a sidecar evaluator's last report must reach us
     finally:
         gang.teardown(grace_secs=grace_secs)
         streams.join(30)
