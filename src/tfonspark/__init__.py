@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import errors
 from .config import InputMode
 from .driver.cluster import Cluster
+from .driver.data_service import DataService, data_service
 from .driver.launch import run
 from .driver.ps import PSCluster, ps_cluster
 from .driver.reports import Report
@@ -42,6 +43,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Cluster",
     "DataFeed",
+    "DataService",
     "InputMode",
     "NodeContext",
     "PSCluster",
@@ -54,6 +56,7 @@ __all__ = [
     "TFParallel",
     "__version__",
     "compat",
+    "data_service",
     "errors",
     "feed_dataset",
     "hdfs_path",
