@@ -62,6 +62,7 @@ def coordinate(args, ctx):
     import keras
     import tensorflow as tf
 
+    began_at = time.time()
     strategy = tf.distribute.ParameterServerStrategy(ctx.cluster_resolver())
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
@@ -82,10 +83,12 @@ def coordinate(args, ctx):
 
         return strategy.run(replica, args=next(it))
 
+    began = time.monotonic()
     ready = Path(args["dir"], "evaluator-ready")
     deadline = time.monotonic() + 90
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+    waited = time.monotonic() - began
     saved = []
     for i in range(ROUNDS):
         for _ in range(STEPS):
@@ -94,15 +97,24 @@ def coordinate(args, ctx):
         saved.append([manager.save(), time.time()])
         if i < ROUNDS - 1:
             time.sleep(0.6)  # the evaluator's turn (it polls every 0.2 s)
-    ctx.report({"spec": sorted(ctx.cluster_spec), "saved": saved, "evaluator_was_ready": ready.exists()})
+    ctx.report(
+        {
+            "spec": sorted(ctx.cluster_spec),
+            "saved": saved,
+            "evaluator_was_ready": ready.exists(),
+            "waited_s": waited,
+            "began_at": began_at,
+        }
+    )
 
 
 def _scalars(log_dir: str) -> dict[str, list[int]]:
-    import tensorflow as tf
+    """The steps of each scalar in ``log_dir``'s event files, read as TensorBoard does (no TensorFlow here)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     steps: dict[str, list[int]] = {}
     for name in sorted(os.listdir(log_dir)):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(log_dir, name)):
+        for event in EventFileLoader(os.path.join(log_dir, name)).Load():
             for value in event.summary.value:
                 steps.setdefault(value.tag, []).append(event.step)
     return steps
@@ -116,11 +128,11 @@ def test_the_evaluator_reports_each_checkpoint_and_the_last(spark_manager, no_le
     cluster = tfonspark.run(
         sc, train_or_evaluate, args, 4, num_ps=1, coordinator=True, eval_node=True, reservation_timeout=120
     )
-    up = time.monotonic()
+    up, up_at = time.monotonic(), time.time()
     roles = sorted((i["job_name"], i["task_index"]) for i in cluster.cluster_info)
     assert roles == [("chief", 0), ("evaluator", 0), ("ps", 0), ("worker", 0)]
     cluster.shutdown(timeout=120)  # waits for the chief, then stops the evaluator (SIGTERM) and the servers
-    done = time.monotonic()
+    done, done_at = time.monotonic(), time.time()
 
     by_node = {}
     for report in cluster.reports:
@@ -143,5 +155,8 @@ def test_the_evaluator_reports_each_checkpoint_and_the_last(spark_manager, no_le
         f"[measured] sidecar evaluator, local[4] (ps, chief, evaluator, worker): {len(evaluations)} of {ROUNDS} "
         f"checkpoints evaluated, steps {steps}; checkpoint saved -> report on the driver "
         f"{', '.join(f'{lag:.2f}s' for lag in lags)}; loss {evaluations[0].metrics['loss']:.3f} -> "
-        f"{evaluations[-1].metrics['loss']:.4f}; run() {up - started:.1f}s, shutdown() {done - up:.1f}s"
+        f"{evaluations[-1].metrics['loss']:.4f}; run() {up - started:.1f}s, shutdown() {done - up:.1f}s "
+        f"(the chief: map_fun began {chief.metrics['began_at'] - up_at:.1f}s after run() returned, waited "
+        f"{chief.metrics['waited_s']:.1f}s for the evaluator, saved its last checkpoint "
+        f"{done_at - chief.metrics['saved'][-1][1]:.1f}s before shutdown() returned)"
     )
