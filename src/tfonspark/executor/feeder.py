@@ -379,7 +379,8 @@ class _Frames:
     A chunk that does not pack like the first row of its frame (an ``InputError``, another
     layout or dtype) is packed again behind that row, as one chunk of both would be packed: the
     error then names the row and what it differs from, as before; else the frame is cut there.
-    Chunks with a column of Python values (strings, objects) are frames of their own.
+    A chunk of a whole frame's rows (array rows: few Python values), and one with a column of
+    Python values (strings, objects) are frames of their own, sent from where they were packed.
     """
 
     def __init__(self, partition: int, frame_rows: int, size: int) -> None:
@@ -401,8 +402,10 @@ class _Frames:
         if self.first is not None and not _same_layout(self.first, batch):
             self._recheck(chunk, first_row)
             ready = self.flush()
-        if not all(isinstance(col, np.ndarray) for col in batch.columns):
-            return [*ready, batch]  # sent before the next chunk reuses its memory
+        if (self.first is None and batch.count >= self.frame_rows) or not all(
+            isinstance(col, np.ndarray) for col in batch.columns
+        ):
+            return [*ready, batch]  # a frame already (array rows): sent before the next chunk reuses its memory
         if self.first is None:
             self.first, self.ref = batch, chunk[0]
             self.columns = [
