@@ -1,0 +1,96 @@
+"""tfonspark.tensorfx on real Spark: both examples' builders, tiny, in both input modes, one cluster.
+
+One ``InputMode.SPARK`` cluster on ``local-cluster[2,1,1024]``: every node trains the MNIST CNN
+on its Spark feed (the trainer in ``InputMode.SPARK``), then the tabular model on its shard of
+the table (the trainer in ``InputMode.TENSORFLOW``), one epoch each on a few rows. The point is
+the path (feed or shard, MWMS, checkpoints, summaries, a SavedModel with named inputs and
+outputs), not the accuracy, which the examples measure, with TFModel serving the SavedModel
+(docs/tensorfx.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("sklearn")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tensorfx"
+
+
+def example(name: str) -> ModuleType:
+    """Import ``examples/tensorfx/<name>.py``; nodes get it by value (it is not importable there)."""
+    from pyspark import cloudpickle
+
+    module_name = f"tensorfx_example_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        cloudpickle.register_pickle_by_value(module)
+    return sys.modules[module_name]
+
+
+def both_models(args: dict[str, Any], ctx: Any) -> None:
+    """A node: the MNIST CNN on the feed, then the tabular model on its shard."""
+    import tensorflow as tf
+
+    from tfonspark import InputMode
+    from tfonspark.tensorfx import ModelTrainer
+
+    mnist, tabular = args["mnist"], args["tabular"]
+    images = mnist.read_rows(args["mnist_args"], "test")
+    builder = mnist.MnistBuilder(args["mnist_args"], {"eval": lambda: tf.data.Dataset.from_tensor_slices(images)})
+    ModelTrainer(ctx=ctx, input_mode=InputMode.SPARK).train(builder, os.path.join(args["out"], "mnist"))
+    targs = args["tabular_args"]
+    train, test = tabular.load_table(targs.test_fraction, targs.seed)
+    table = {"train": tabular.columns(train, targs.features), "eval": tabular.columns(test, targs.features)}
+    tabular_builder = tabular.TabularBuilder(targs, table)
+    ModelTrainer(ctx=ctx, input_mode=InputMode.TENSORFLOW).train(tabular_builder, os.path.join(args["out"], "tabular"))
+
+
+def assert_outputs(job_dir: Path) -> None:
+    assert (job_dir / "checkpoints" / "checkpoint").exists()
+    assert list((job_dir / "summaries").glob("events.out.tfevents.*"))
+    assert (job_dir / "model" / "saved_model.pb").exists()
+
+
+def test_mnist_on_a_feed_and_tabular_on_shards(sc, mnist_dir: Path, tmp_path: Path, no_leftovers) -> None:
+    from pyspark import cloudpickle
+
+    import tfonspark
+    from tfonspark.ml.savedmodel import read_saved_model
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # both_models: tests is not importable there
+
+    mnist, tabular = example("mnist"), example("tabular")
+    mnist_args = mnist.MnistArgs.parse(
+        ["--data", str(mnist_dir), "--mode", "spark", "--epochs", "1", "--batch-size", "64"]
+        + ["--max-train-rows", "512", "--max-test-rows", "128"]
+    )
+    assert mnist_args.steps_per_epoch == 8
+    tabular_args = tabular.TabularArgs.parse(["--mode", "tensorflow", "--epochs", "1", "--batch-size", "32"])
+    node_args = {"mnist": mnist, "tabular": tabular, "out": str(tmp_path)}
+    node_args |= {"mnist_args": mnist_args, "tabular_args": tabular_args}
+    cluster = tfonspark.run(sc, both_models, node_args, 2, input_mode=tfonspark.InputMode.SPARK)
+    cluster.train(mnist.training_dataframe(mnist_args), num_epochs=1)
+    cluster.shutdown(timeout=300)
+
+    for model, inputs, outputs in [
+        ("mnist", ["image"], ["label", "probabilities"]),
+        ("tabular", sorted(tabular_args.features), ["prediction", "probability"]),
+    ]:
+        assert_outputs(tmp_path / model)
+        graphs, _ = read_saved_model(str(tmp_path / model / "model"))
+        served = next(g for g in graphs if "serve" in g.tags).signatures["serving_default"]
+        assert sorted(i.name for i in served.inputs) == inputs
+        assert sorted(o.name for o in served.outputs) == outputs
