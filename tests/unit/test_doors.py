@@ -24,6 +24,7 @@ DOORS = [
     "tfonspark.ml",
     "tfonspark.testing",
     "tfonspark.demo",
+    "tfonspark.tensorfx",
 ]
 
 FACES = [
