@@ -94,3 +94,17 @@ def test_bad_trainer_input(tmp_path: Path) -> None:
         ModelTrainer(Configuration.local(), ctx=object(), input_mode=InputMode.SPARK).train(
             Separable(args, blobs()), tmp_path
         )
+
+
+def test_debugger_v2_dumps_per_node_read_back(tmp_path: Path) -> None:
+    from tensorflow.python.debug.lib import debug_events_reader  # what TensorBoard's Debugger V2 reads with
+
+    debug = DebugOptions(dump_debug_info=True, log_device_placement=True)
+    ModelTrainer(Configuration.local(), debug=debug).train(
+        Separable(ModelArguments.parse(["--batch-size", "16"]), blobs()), tmp_path
+    )
+    dump = tmp_path / "debug" / "chief-0"
+    with debug_events_reader.DebugDataReader(str(dump)) as reader:
+        reader.update()
+        assert reader.executions() and reader.graph_execution_traces()
+        assert any(t.op_type == "MatMul" for t in reader.graph_execution_traces())
