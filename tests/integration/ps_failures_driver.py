@@ -32,19 +32,24 @@ STEP_MS = 20
 SECOND_KILL_S = 0.5
 
 
-def _tf_process(cluster_id: str, node: str):
-    """The TF process of ``node`` (``"worker:1"``) of this cluster."""
+def _tf_process(spec: dict, node: str):
+    """The TF process serving ``node`` (``"worker:1"``): the one listening on its port (a restarted
+    worker's is its standby, and the next standby waits beside it)."""
     import psutil
 
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        if "tfonspark.tfprocess.entry" in cmd and cluster_id[:12] in cmd and node in cmd:
-            return proc
-    raise LookupError(f"no TF process for {node}")
+    job, _, index = node.partition(":")
+    port = int(spec[job][int(index)].rpartition(":")[2])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return psutil.Process(conn.pid)
+        time.sleep(0.05)
+    raise LookupError(f"no TF process listens for {node} on port {port}")
 
 
 def _kill(cluster, node: str) -> float:
-    _tf_process(cluster.cluster.cluster_id, node).send_signal(signal.SIGKILL)
+    _tf_process(cluster.cluster_spec, node).send_signal(signal.SIGKILL)
     return time.monotonic()
 
 
@@ -71,7 +76,10 @@ class _Progress(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            self.samples.append((time.monotonic(), int(self.runs.numpy())))
+            try:
+                self.samples.append((time.monotonic(), int(self.runs.numpy())))
+            except Exception:  # the ps is gone (the last phase): nothing more to sample
+                return
 
     def reached(self, value: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -148,6 +156,24 @@ def _worker_kill(cluster, spec):
     return kills
 
 
+def _standbys_ready(cluster_id: str, count: int, timeout: float = 120) -> float:
+    """Wait until ``count`` standby TF processes of the cluster sit idle (TensorFlow imported); the seconds waited."""
+    import psutil
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        standbys = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if cluster_id[:12] in (p.info.get("cmdline") or []) and "-c" in (p.info.get("cmdline") or [])
+        ]
+        before = [sum(p.cpu_times()[:2]) for p in standbys]
+        time.sleep(0.5)
+        if len(standbys) >= count and all(sum(p.cpu_times()[:2]) - b < 0.01 for p, b in zip(standbys, before)):
+            return time.monotonic() - started
+    return -1.0
+
+
 def _two_workers(cluster, spec):
     def kills(progress, base):
         progress.reached(base + STEPS // 3)
@@ -171,7 +197,8 @@ def train_through_kills(cluster, out: dict, two_workers: bool) -> None:
     worker["lost_s"] = worker["train_s"] - worker["ran"] / rate
     worker["stall_s"] = progress.longest_stall(killed)
     out["worker_kill"] = worker
-    if two_workers:
+    if two_workers:  # once both standbys are ready: what the supervisors' restarts leave of the window
+        out["standbys_ready_s"] = _standbys_ready(cluster.cluster.cluster_id, 2)
         both, progress = _phase(coordinator, schedule, runs, optimizer, _two_workers(cluster, spec))
         both["stall_s"] = progress.longest_stall(both.pop("first_killed"))
         both["lost_s"] = both["train_s"] - both["ran"] / rate

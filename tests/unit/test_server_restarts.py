@@ -24,7 +24,8 @@ from tfonspark.config import NodeConfig
 from tfonspark.driver.node_events import NodeEvents, ServerRestart, how_it_died
 from tfonspark.driver.ps import PSCluster
 from tfonspark.errors import NodeFailed
-from tfonspark.executor.supervisor import Supervisor, reserve_again
+from tfonspark.executor.standby import reserve_again
+from tfonspark.executor.supervisor import Supervisor
 from tfonspark.testing import FakeDriver
 from tfonspark.wire import events as ev
 from tfonspark.wire import messages as m
@@ -120,18 +121,32 @@ def _connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=5)
 
 
+def _standby(label: str) -> int:
+    """The pid of the standby TF process of cluster ``label`` (TensorFlow imported, waiting), or 0."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if "-c" in cmd and label in cmd and any("runpy" in part for part in cmd):
+            return proc.pid
+    return 0
+
+
 def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervised):
     fake, proc = supervised(server_restarts=1)
+    label = _config().cluster_id[:12]
     first = fake.wait_for(m.NodeUp)
     port = fake.wait_for(m.Register).port
     assert _wait(lambda: _accepts(port), 20)
+    assert _wait(lambda: _standby(label), 20)  # its successor, started once it serves
+    standby = _standby(label)
     peer = _connect(port)  # a live connection when it dies: its remains must not block the restart
     os.kill(first.tf_pid, signal.SIGKILL)
-    restarted = fake.wait_for(ev.ServerRestarted, timeout=30)
+    restarted = fake.wait_for(ev.ServerRestarted, timeout=60)  # once the standby imported TensorFlow
     assert (restarted.restart, restarted.limit, restarted.exit_code, restarted.accepting) == (1, 1, -9, True)
-    assert 0 < restarted.down_s < 20
+    assert _wait(lambda: len(fake.of(m.NodeUp)) == 2, 30)
     second = fake.of(m.NodeUp)[-1]
-    assert second.tf_pid != first.tf_pid and _accepts(port) and not _alive(first.tf_pid)
+    assert second.tf_pid == standby and _accepts(port) and not _alive(first.tf_pid)  # the standby took over
     assert fake.of(m.NodeExit) == []  # the driver saw no failure
     peer.close()
     os.kill(second.tf_pid, signal.SIGKILL)  # the limit is spent: now the node fails, saying so
@@ -140,6 +155,7 @@ def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervise
     assert "restarted in place 1 time(s)" in exit_msg.traceback
     assert len(fake.of(ev.ServerRestarted)) == 1
     assert proc.wait(15) == 0 and not _alive(second.tf_pid) and not _accepts(port)
+    assert not _standby(label)  # no standby once no restart is left
 
 
 def test_without_server_restarts_a_killed_server_fails_the_node_as_before(supervised):
@@ -181,7 +197,7 @@ def test_only_a_serving_worker_killed_by_a_signal_restarts(job, code, restarts, 
     sup = _supervisor(job, restarts)
     if stop:
         sup.terminate(0)  # no TF process at that moment (between two): still no next one
-    assert sup._restart_port(code, 1) is None
+    assert not sup._may_restart(code)
 
 
 def test_a_serving_worker_killed_by_a_signal_gets_its_port_again():
@@ -190,11 +206,12 @@ def test_a_serving_worker_killed_by_a_signal_gets_its_port_again():
     held.bind(("127.0.0.1", 0))
     port = held.getsockname()[1]
     held.close()
-    sock = sup._restart_port(-9, port)
-    assert sock is not None and sock.getsockname()[1] == port and sock.get_inheritable()
+    assert sup._may_restart(-9)
+    sock = Supervisor._port_again(port, None)
+    assert sock.getsockname()[1] == port and sock.get_inheritable()
     sock.close()
     sup.restarts = 3
-    assert sup._restart_port(-9, port) is None  # spent
+    assert not sup._may_restart(-9)  # spent
 
 
 def _bind(port: int, reuse: bool) -> socket.socket | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -46,6 +45,7 @@ from ..wire.framing import Connection, connect, remove_unix_socket
 from . import tfos_env
 from .gpus import assign as assign_gpus
 from .gpus import cuda_env
+from .standby import WARM_CODE, Standby, bind_again, reserve_again, unbound_socket, wait_accepting
 
 TAIL_LINES = 60
 MAX_EVENT_BYTES = 65 * 1024
@@ -96,6 +96,7 @@ class Supervisor:
         self.job_name = ""  # the node's TF job, once the driver said it
         self.restarts = 0  # how many times the TF process was restarted in place
         self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
+        self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
         self._spawning = False
         self._lock = threading.Lock()
 
@@ -138,6 +139,9 @@ class Supervisor:
             ended = self._lives(conn, reply, host, port_sock)
         finally:
             self.done.set()  # stops the heartbeats
+            standby = self._take_standby()
+            if standby is not None:
+                standby.discard()
         if ended is not None:
             self._report_exit(conn, *ended)
         return 0
@@ -145,35 +149,41 @@ class Supervisor:
     def _lives(
         self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket
     ) -> tuple[int, str] | None:
-        """Run the TF process, and again at the same port while :meth:`_restart_port` allows it.
+        """Run the TF process, and again at the same port while :meth:`_may_restart` allows it.
 
         Returns how the last one ended (exit code, traceback), or None where one could not start.
         """
-        port = port_sock.getsockname()[1]
+        port, standby = port_sock.getsockname()[1], None
         self.job_name = ready.job_name
         while True:
             try:
-                ended = self._life(conn, ready, host, port_sock)
+                ended = self._life(conn, ready, host, port_sock, standby)
             finally:
                 port_sock.close()  # the TF process holds the reservation now; it alone releases it
-            if ended is None:
-                return None
-            died_at = time.monotonic()
-            again = self._restart_port(ended[0], port)
-            if again is None:
+            if ended is None or not self._may_restart(ended[0]):
                 return ended
-            port_sock = again
+            died_at, standby = time.monotonic(), self._take_standby()
+            try:
+                port_sock = self._port_again(port, standby)
+            except OSError as exc:  # another process took the port meanwhile: the node fails as before
+                log.error("tfonspark supervisor: cannot reserve port %d again to restart the TF server: %s", port, exc)
+                if standby is not None:
+                    standby.discard()
+                return ended
             self.restarts += 1
             watch = (conn, _task_address(ready), self.restarts, ended[0], died_at)
             threading.Thread(target=self._announce_restart, args=watch, daemon=True, name="tfos-restart").start()
 
     def _life(
-        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket
+        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket, standby: Standby | None
     ) -> tuple[int, str] | None:
-        """Spawn one TF process holding ``port_sock`` and follow it to its end: (exit code, traceback).
+        """Start one TF process holding ``port_sock`` (``standby``'s, if given) and follow it to its end.
 
-        None where it could not be spawned (the node then fails, saying why).
+        Returns (exit code, traceback), or None where it could not be spawned (the node then
+        fails, saying why).
         """
+        if standby is not None:
+            return self._follow(conn, self._wake(standby, ready, host), standby.status_r, ready, host)
         status_r, status_w = os.pipe()
         try:
             proc = self.proc = self._spawn(ready, host, port_sock, status_w)
@@ -184,9 +194,11 @@ class Supervisor:
         finally:
             os.close(status_w)
         port_sock.close()
-        return self._follow(conn, proc, status_r)
+        return self._follow(conn, proc, status_r, ready, host)
 
-    def _follow(self, conn: Connection, proc: subprocess.Popen[bytes], status_r: int) -> tuple[int, str]:
+    def _follow(
+        self, conn: Connection, proc: subprocess.Popen[bytes], status_r: int, ready: m.ClusterReady, host: str
+    ) -> tuple[int, str]:
         """Relay one TF process's events until it exits; then remove what it left behind."""
         tee = threading.Thread(target=self._tee, args=(proc.stdout,), daemon=True)
         try:
@@ -194,6 +206,8 @@ class Supervisor:
                 self.terminate(2.0, force=True)
             if not self.restarts:  # the first TF process: from now on the driver may stop it
                 self._start_watchers(conn)
+            if self._restartable():  # its successor, ready to take over once it serves
+                threading.Thread(target=self._warm, args=(ready, host), daemon=True, name="tfos-standby").start()
             tee.start()
             with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
                 error = self._relay_status(conn, status)
@@ -226,31 +240,66 @@ class Supervisor:
         _status(ev.TaskExit(code, stopped, error))
 
     # ---- restarts in place (the workers of a parameter-server cluster) ---------------------------
-    def _restart_port(self, code: int, port: int) -> socket.socket | None:
-        """``port`` reserved again if the TF process that just ended (``code``) is to restart there, else None.
+    def _restartable(self) -> bool:
+        """Whether a death of the TF process could still be followed by a restart in place."""
+        return self.job_name == "worker" and self.restarts < self.config.server_restarts
+
+    def _may_restart(self, code: int) -> bool:
+        """Whether the TF process that just ended (``code``) restarts at its port.
 
         Only a worker that only serves (``NodeConfig.server_restarts`` > 0: ``ps_cluster``,
-        ``run(..., coordinator=True)``) killed by a signal, not stopped, restarts: TF's
+        ``run(..., coordinator=True)``), killed by a signal and not stopped, restarts: TF's
         coordinator re-runs its closures once it accepts again. A ps's variables die with it,
         and anything else runs user code: those fail as before.
         """
         if code >= 0 or self.stop_asked or self.executor_gone or self.job_name != "worker":
-            return None
-        if self.restarts >= self.config.server_restarts:
+            return False
+        if not self._restartable():
             if self.config.server_restarts:
                 log.error("tfonspark supervisor: TF server died again after %d restart(s): giving up", self.restarts)
-            return None
-        try:
+            return False
+        return True
+
+    @staticmethod
+    def _port_again(port: int, standby: Standby | None) -> socket.socket:
+        """``port`` reserved again: on ``standby``'s socket if there is one, else on a new one."""
+        if standby is None:
             return reserve_again(port)
-        except OSError as exc:  # another process took the port meanwhile: the node fails as before
-            log.error("tfonspark supervisor: cannot reserve port %d again to restart the TF server: %s", port, exc)
+        bind_again(standby.sock, port)
+        return standby.sock
+
+    def _warm(self, ready: m.ClusterReady, host: str) -> None:
+        """Once the TF server accepts, start its standby (if none waits yet)."""
+        if not wait_accepting(_task_address(ready), self.config.reservation_timeout, self.done):
+            return
+        with self._lock:
+            if self._standby is not None or self.stop_asked:
+                return
+        try:
+            standby: Standby | None = self._spawn_standby(ready, host)
+        except OSError as exc:  # no standby: a restart starts a new process, as without one
+            log.warning("tfonspark supervisor: cannot start a standby TF process: %s", exc)
+            return
+        with self._lock:
+            if self._standby is None and not self.stop_asked and not self.done.is_set():
+                self._standby, standby = standby, None
+        if standby is not None:
+            standby.discard()
+
+    def _take_standby(self) -> Standby | None:
+        """The standby, if one is alive (it then belongs to the caller)."""
+        with self._lock:
+            standby, self._standby = self._standby, None
+        if standby is not None and not standby.alive():
+            standby.discard()
             return None
+        return standby
 
     def _announce_restart(
         self, conn: Connection, address: tuple[str, int], restart: int, code: int, died_at: float
     ) -> None:
         """Tell the driver (a ``ServerRestarted`` event) once the restarted server accepts, or gave up."""
-        accepting = _wait_accepting(address, self.config.reservation_timeout, self.done)
+        accepting = wait_accepting(address, self.config.reservation_timeout, self.done)
         down_s = round(time.monotonic() - died_at, 3)
         event = ev.ServerRestarted(restart, self.config.server_restarts, code, down_s, accepting)
         log.warning("tfonspark supervisor: TF server %s restarted in place: %s", self.job_name, event)
@@ -308,14 +357,43 @@ class Supervisor:
     def _start_tf_process(
         self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
     ) -> subprocess.Popen[bytes]:
+        env = self._tf_env(ready, self.scratch)
+        command = ["-m", "tfonspark.tfprocess.entry"]
+        proc = self._popen(command, ready, env, (port_sock.fileno(), status_w))
+        self._bootstrap(proc, ready, host, port_sock.fileno(), status_w)
+        return proc
+
+    def _tf_env(self, ready: m.ClusterReady, scratch: str) -> dict[str, str]:
+        """The TF process's environment: its ``TF_CONFIG``, temp dir, GPUs, Keras."""
         env = dict(os.environ)
-        env["TMPDIR"] = env["TMP"] = env["TEMP"] = self.scratch
+        env["TMPDIR"] = env["TMP"] = env["TEMP"] = scratch
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
         env["PYTHONUNBUFFERED"] = "1"
         env[ATTEMPT_ENV] = str(self.config.attempt)  # ctx.attempt, for code that has no ctx
         env.update(self.keras_env)  # Keras 2 / TFoS import shims, where asked for
         env.update(cuda_env(self.gpus, env))  # CUDA_VISIBLE_DEVICES="" on the CPU: TF must not take every GPU
+        return env
+
+    def _popen(
+        self, command: list[str], ready: m.ClusterReady, env: dict[str, str], fds: tuple[int, int]
+    ) -> subprocess.Popen[bytes]:
+        """Start a TF process (``python COMMAND``, labelled with the cluster and node) in its own session."""
+        label = ["--cluster", self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"]
+        return subprocess.Popen(
+            [sys.executable, *command, *label],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,
+        )
+
+    def _bootstrap(
+        self, proc: subprocess.Popen[bytes], ready: m.ClusterReady, host: str, port_fd: int, status_fd: int
+    ) -> None:
+        """Send the TF process its bootstrap: the node's header (descriptors as numbered in it) and payload."""
         header = {
             "config": self.config.to_json(),
             "executor_id": self.executor_id,
@@ -323,31 +401,35 @@ class Supervisor:
             "task_index": ready.task_index,
             "cluster_spec": ready.cluster_spec,
             "host": host,
-            "port_fd": port_sock.fileno(),
-            "status_fd": status_w,
+            "port_fd": port_fd,
+            "status_fd": status_fd,
             "working_dir": os.getcwd(),
         }
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tfonspark.tfprocess.entry",
-                "--cluster",
-                self.config.cluster_id[:12],
-                "--node",
-                f"{ready.job_name}:{ready.task_index}",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            pass_fds=(port_sock.fileno(), status_w),
-            start_new_session=True,
-        )
         assert proc.stdin is not None
         with contextlib.suppress(OSError):  # if it died at once, its exit is reported as usual
             write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
-        return proc
+
+    def _spawn_standby(self, ready: m.ClusterReady, host: str) -> Standby:
+        """The next TF process, TensorFlow imported, waiting for its bootstrap (see :mod:`.standby`)."""
+        scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")
+        sock = unbound_socket()
+        status_r, status_w = os.pipe()
+        try:
+            proc = self._popen(["-c", WARM_CODE], ready, self._tf_env(ready, scratch), (sock.fileno(), status_w))
+        except BaseException:
+            sock.close()
+            os.close(status_r)
+            remove_scratch(scratch)
+            raise
+        finally:
+            os.close(status_w)
+        return Standby(proc, sock, status_r, status_w, scratch)
+
+    def _wake(self, standby: Standby, ready: m.ClusterReady, host: str) -> subprocess.Popen[bytes]:
+        """Make ``standby`` (its socket bound to the port) the TF process: send it its bootstrap."""
+        self.proc, self.scratch = standby.proc, standby.scratch
+        self._bootstrap(standby.proc, ready, host, standby.sock.fileno(), standby.status_fd)
+        return standby.proc
 
     def _relay_status(self, conn: Connection, status: IO[str]) -> str:
         """Forward the TF process's events to the driver; return the traceback it reports, if any.
@@ -509,68 +591,10 @@ def _status_lines(status: IO[str]) -> Iterator[str]:
         )
 
 
-REBIND_SECS = 5.0  # how long a restart tries to reserve its port again (a dying group may hold it)
-_PROBE_SECS = 0.05  # between connection attempts to a restarted server
-
-
-def reserve_again(port: int, wait: float = REBIND_SECS) -> socket.socket:
-    """``port`` reserved again right after its TF server died, as ``host.reserve_port`` reserves it.
-
-    The dead server's connections may linger (``TIME_WAIT``, ``FIN_WAIT``), which a bind without
-    ``SO_REUSEADDR`` refuses: so it binds with the option, then turns it off on the bound socket,
-    after which no other socket, with the option or not, can bind the port beside it (Linux).
-    Retried for up to ``wait`` seconds while the port is in use; then ``EADDRINUSE`` is raised.
-    """
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return _rebind(port)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
-                raise
-        time.sleep(_PROBE_SECS)
-
-
-def _rebind(port: int) -> socket.socket:
-    """One try of :func:`reserve_again`: ``[::]:port`` dual-stack where the host can, else ``0.0.0.0:port``."""
-    families = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")] if socket.has_ipv6 else []
-    for family, address in families or [(socket.AF_INET, "0.0.0.0")]:
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 in this kernel
-            continue
-        try:
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the dead server's connections
-            sock.bind((address, port))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)  # and no one binds it beside us
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE or family == socket.AF_INET:
-                raise
-            continue
-        sock.set_inheritable(True)  # handed to the TF process, as at the first start
-        return sock
-    raise OSError(errno.EAFNOSUPPORT, "no TCP socket family to reserve the port with")
-
-
 def _task_address(ready: m.ClusterReady) -> tuple[str, int]:
     """Where this node's server is reached: its address in the cluster spec."""
     host, _, port = ready.cluster_spec[ready.job_name][ready.task_index].rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def _wait_accepting(address: tuple[str, int], timeout: float, done: threading.Event) -> bool:
-    """Whether ``address`` accepts a TCP connection within ``timeout`` (False at once once ``done``)."""
-    deadline = time.monotonic() + timeout
-    while not done.is_set() and time.monotonic() < deadline:
-        try:
-            with socket.create_connection(address, timeout=1):
-                return True
-        except OSError:
-            done.wait(_PROBE_SECS)
-    return False
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
