@@ -374,9 +374,10 @@ _NAN_OP = re.compile(r'Detected Infinity or NaN in output \d+ of (?:graph|eagerl
 
 def _numerics_error(err: tf.errors.InvalidArgumentError, config: Configuration) -> NumericsError | None:
     """The NumericsError naming op, role and index for a check_numerics failure; None otherwise."""
-    match = _NAN_OP.search(str(err.message))
+    message = str(err.message)
+    match = _NAN_OP.search(message)
     if match is None:
         return None
     role = f"{config.task.type}:{config.task.index}"
-    summary = str(err.message).strip().splitlines()[0]
+    summary = next(line for line in message.splitlines() if match.group(0) in line).strip(" !")
     return NumericsError(f"check_numerics: op {match.group(1)!r} produced NaN or Inf on {role}: {summary}")
