@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import socket
 import threading
+import time
 
 import psutil
 import pytest
@@ -87,7 +88,9 @@ def test_one_service_of_two_executor_workers(sc, tmp_path):
         path = tmp_path / f"part-{i}.txt"
         path.write_text("".join(f"{j}\n" for j in range(i * 10, i * 10 + 10)))
         files.append(str(path))
+    began = time.monotonic()
     with tfonspark.data_service(sc, num_workers=2, reservation_timeout=120) as svc:
+        up = time.monotonic()
         assert svc.target.startswith("grpc://") and len(svc.worker_addresses) == 2
         pids = [p.pid for p in node_processes([svc.cluster.cluster_id])]
         _distributed_epoch(svc)
@@ -96,6 +99,8 @@ def test_one_service_of_two_executor_workers(sc, tmp_path):
         _shared_dataset_id(svc)
         addresses = {"dispatcher": [svc.target.split("://")[1]], "worker": svc.worker_addresses}
         assert all(servers_accepting(addresses, ("dispatcher", "worker")).values())
+        read = time.monotonic()
+    print(f"data_service: up {up - began:.1f}s, scenarios {read - up:.1f}s, shutdown {time.monotonic() - read:.1f}s")
     assert not any(servers_accepting(addresses, ("dispatcher", "worker")).values())
     assert pids and wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10)
     host, port = split_address(addresses["dispatcher"][0])
