@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +151,7 @@ def data_service(
     settings: Settings | None = None,
     reservation_timeout: float = 600,
     heartbeat_interval_ms: int | None = None,
+    worker_timeout_ms: int | None = None,
     launcher: Launcher | None = None,
     **setting_keywords: Unpack[SettingKeywords],
 ) -> DataService:
@@ -173,6 +175,9 @@ def data_service(
         Seconds to wait for the task slots, and then for every worker to register.
     heartbeat_interval_ms : int, optional
         How often workers heartbeat to the dispatcher (TF's default: 30 s).
+    worker_timeout_ms : int, optional
+        How long the dispatcher waits for a worker's heartbeat before dropping it (TF's default:
+        10 min); readers of a lost worker's tasks wait that long before going on without it.
     launcher : Launcher, optional
         Starts the node supervisors (tests: ``tfonspark.testing.LocalLauncher``).
     **setting_keywords : SettingKeywords
@@ -202,18 +207,26 @@ def data_service(
         handover.release()
         raise
     try:
-        return _serve(cluster, handover, address, work_dir, float(reservation_timeout))
+        return _serve(cluster, handover, address, _Dispatch(work_dir, worker_timeout_ms), float(reservation_timeout))
     finally:
         handover.release()  # no-op once the dispatcher took the port
 
 
-def _serve(cluster: Cluster, handover: PortHandover, address: str, work_dir: str | None, timeout: float) -> DataService:
+@dataclass(frozen=True)
+class _Dispatch:
+    """The dispatcher's own options: its journal and how long it waits for a silent worker."""
+
+    work_dir: str | None = None
+    worker_timeout_ms: int | None = None
+
+
+def _serve(cluster: Cluster, handover: PortHandover, address: str, opts: _Dispatch, timeout: float) -> DataService:
     """Start the dispatcher for ``cluster``'s workers and wait until each has registered."""
     started = time.monotonic()
     spec = cluster.server.cluster_spec
     workers = list(spec["worker"]) if spec else []
     try:
-        dispatcher = _dispatcher(handover, workers, work_dir)
+        dispatcher = _dispatcher(handover, workers, opts)
     except BaseException:
         cluster.stop(grace_secs=0)
         raise
@@ -231,12 +244,16 @@ def _serve(cluster: Cluster, handover: PortHandover, address: str, work_dir: str
     return svc
 
 
-def _dispatcher(handover: PortHandover, workers: list[str], work_dir: str | None) -> Any:
+def _dispatcher(handover: PortHandover, workers: list[str], opts: _Dispatch) -> Any:
     """TF's ``DispatchServer`` on the reserved port, told every worker's address."""
     import tensorflow as tf
 
     config = tf.data.experimental.service.DispatcherConfig(
-        port=handover.port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir), worker_addresses=workers
+        port=handover.port,
+        work_dir=opts.work_dir,
+        fault_tolerant_mode=bool(opts.work_dir),
+        worker_addresses=workers,
+        worker_timeout_ms=opts.worker_timeout_ms,
     )
     handover.share_with_server()  # gRPC's socket (SO_REUSEADDR) binds beside the reservation: no gap
     try:
