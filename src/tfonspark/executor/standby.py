@@ -36,8 +36,19 @@ __all__ = ["REBIND_SECS", "WARM_CODE", "Standby", "bind_again", "reserve_again",
 REBIND_SECS = 5.0  # how long a restart tries to bind its port again (a dying process group may hold it)
 _PROBE_SECS = 0.05  # between tries, and between connection attempts to a restarting server
 
-#: what a standby runs: TensorFlow imported first, then the TF process's entry, which waits for its bootstrap
-WARM_CODE = "import tensorflow\nimport runpy\nrunpy.run_module('tfonspark.tfprocess.entry', run_name='__main__', alter_sys=True)"
+#: what a standby runs: TensorFlow imported first, then the TF process's entry, which waits for its
+#: bootstrap. A supervisor that dies first leaves EOF instead: the standby then removes its TMPDIR
+#: (the entry's own clean-up starts only after the bootstrap) and exits.
+WARM_CODE = """\
+import os, runpy
+import tensorflow
+try:
+    runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)
+except BaseException:
+    from tfonspark.host import remove_scratch
+    remove_scratch(os.environ.get("TMPDIR", ""))
+    raise
+"""
 
 
 @dataclass
