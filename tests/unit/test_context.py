@@ -21,6 +21,7 @@ import tfonspark
 import tfonspark.errors as errors_module
 from tfonspark.errors import (
     AuthenticationError,
+    CheckpointTimeout,
     ClusterError,
     ConfigError,
     DataFormatError,
@@ -402,6 +403,7 @@ EXAMPLES = [
     AuthenticationError("no secret"),
     DataFormatError("corrupt record", path="/data/x.tfrecord", offset=1024),
     DataFormatError("corrupt"),
+    CheckpointTimeout("no checkpoint within timeout=60s"),
 ]
 
 
