@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,8 @@ import tensorflow as tf
 from ..config import InputMode
 from ..distribute.checkpoint import EpochCheckpoint, export_saved_model
 from ..distribute.keras_fit import fit
-from ..errors import ConfigError, TFoSError
+from ..errors import ConfigError
+from ..tfprocess.debugging import Debug, NumericsError, debugging
 from .builder import ModelBuilder, element_inputs, serving_input_signature
 from .config import Configuration
 
@@ -80,10 +80,6 @@ class TrainedModel:
     export_dir: str | None
     history: dict[str, list[float]]
     model: Any
-
-
-class NumericsError(TFoSError):
-    """``check_numerics`` found a NaN or an Inf: the op, the node's role and index are named."""
 
 
 class ModelTrainer:
@@ -156,16 +152,8 @@ class ModelTrainer:
         config = self.config
         output = os.fspath(output)
         strategy = config.create_strategy()  # first TensorFlow op of the process (MWMS)
-        self._start_debugging(config, output)
-        try:
+        with debugging(self._node_debug(output), config.task.type, config.task.index):
             return self._train(model_builder, config, strategy, output)
-        except tf.errors.InvalidArgumentError as err:
-            found = _numerics_error(err, config)
-            if found is None:
-                raise
-            raise found from err
-        finally:
-            self._stop_debugging()
 
     def _train(self, builder: ModelBuilder, config: Configuration, strategy: Any, output: str) -> TrainedModel:
         """Plan this node's input, build the model in the scope, fit, drain the feed, export."""
@@ -184,28 +172,14 @@ class ModelTrainer:
         )
         return TrainedModel(export, history, model)
 
-    def _start_debugging(self, config: Configuration, output: str) -> None:
-        """Turn on the requested ``tf.debugging`` features for this process."""
+    def _node_debug(self, output: str) -> Debug:
+        """The trainer's :class:`DebugOptions` as the node's :class:`~tfonspark.tfprocess.debugging.Debug`."""
         options = self._debug
-        if options.log_device_placement:
-            tf.debugging.set_log_device_placement(True)
-        if options.dump_debug_info:
-            where = os.path.join(output, DEBUG, f"{config.task.type}-{config.task.index}")
-            tf.debugging.experimental.enable_dump_debug_info(
-                where, tensor_debug_mode="CONCISE_HEALTH", circular_buffer_size=-1
-            )
-        if options.check_numerics:
-            tf.debugging.enable_check_numerics()
-
-    def _stop_debugging(self) -> None:
-        """Turn off what :meth:`_start_debugging` turned on (a process may train again)."""
-        options = self._debug
-        if options.check_numerics:
-            tf.debugging.disable_check_numerics()
-        if options.dump_debug_info:
-            tf.debugging.experimental.disable_dump_debug_info()
-        if options.log_device_placement:
-            tf.debugging.set_log_device_placement(False)
+        return Debug(
+            check_numerics=options.check_numerics,
+            dump_dir=os.path.join(output, DEBUG) if options.dump_debug_info else None,
+            log_device_placement=options.log_device_placement,
+        )
 
     def _summaries(self, config: Configuration, output: str, args: Any) -> list[keras.callbacks.Callback]:
         """The chief's TensorBoard summaries callback; none on other nodes."""
@@ -367,17 +341,3 @@ def _training_position(config: Configuration) -> tuple[int, int]:
     tasks = [f"{role}:{i}" for role in ("chief", "master", "worker") for i in range(len(cluster.get(role, ())))]
     me = f"{config.task.type}:{config.task.index}"
     return max(1, len(tasks)), tasks.index(me) if me in tasks else 0
-
-
-_NAN_OP = re.compile(r'Detected Infinity or NaN in output \d+ of (?:graph|eagerly-executing) op "([^"]+)"')
-
-
-def _numerics_error(err: tf.errors.InvalidArgumentError, config: Configuration) -> NumericsError | None:
-    """The NumericsError naming op, role and index for a check_numerics failure; None otherwise."""
-    message = str(err.message)
-    match = _NAN_OP.search(message)
-    if match is None:
-        return None
-    role = f"{config.task.type}:{config.task.index}"
-    summary = next(line for line in message.splitlines() if match.group(0) in line).strip(" !")
-    return NumericsError(f"check_numerics: op {match.group(1)!r} produced NaN or Inf on {role}: {summary}")
