@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode
@@ -58,6 +59,7 @@ class Cluster:
         self.input_mode = input_mode
         self.cluster_id = attempts.gang.config.cluster_id
         self._attempts, self._feeds, self._streams, self._reports = attempts, feeds, streams, reports
+        self._closers: list[Callable[[], None]] = []
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -261,7 +263,10 @@ class Cluster:
         --------
         >>> cluster.shutdown(grace_secs=5)
         """
-        finish(self._attempts, self._streams, self._close_feed, ssc, grace_secs, timeout)
+        try:
+            finish(self._attempts, self._streams, self._close_feed, ssc, grace_secs, timeout)
+        finally:
+            self._run_closers()
 
     def stop(self, grace_secs: float = 2.0) -> None:
         """Stop every node now, without waiting for the chief/workers to finish (no restart).
@@ -278,7 +283,30 @@ class Cluster:
         --------
         >>> cluster.stop(grace_secs=5)
         """
-        stop_now(self._attempts, self._streams, grace_secs)
+        try:
+            stop_now(self._attempts, self._streams, grace_secs)
+        finally:
+            self._run_closers()
+
+    def add_closer(self, close: Callable[[], None]) -> None:
+        """Call ``close()`` once, after the nodes stop (``shutdown``/``stop``, even when they raise).
+
+        For what runs beside the cluster and must end with it: ``run(data_service=N)``'s service.
+
+        Parameters
+        ----------
+        close
+            Called with no argument; closers run last added first.
+
+        Examples
+        --------
+        >>> cluster.add_closer(svc.shutdown)  # doctest: +SKIP
+        """
+        self._closers.append(close)
+
+    def _run_closers(self) -> None:
+        while self._closers:
+            self._closers.pop()()
 
     def _close_feed(self) -> None:
         """End the feed (SPARK mode): the chief/workers' DataFeeds see its end."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import logging
 import uuid
@@ -17,6 +18,7 @@ from ..executor.supervisor import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
 from ..settings import Resolved, Settings, resolve
+from ..tfprocess.debugging import Debug
 from ..tfprocess.server import ChiefCoordinator
 from ..wire.framing import new_secret
 from .assemble import start_cluster
@@ -63,6 +65,8 @@ class ClusterOptions:
     release_port: bool = True
     max_restarts: int = 0
     coordinator: bool = False
+    debug: Debug | None = None
+    data_service: int = 0  #: executors reserved for tf.data service workers (driver/service_beside.py)
 
 
 class SettingKeywords(TypedDict, total=False):
@@ -95,6 +99,8 @@ class RunOptions(SettingKeywords, total=False):
     release_port: bool
     max_restarts: int
     coordinator: bool
+    debug: Debug | None
+    data_service: int
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ClusterOptions))
@@ -164,6 +170,12 @@ def run(
         ``input_mode`` must be ``TENSORFLOW``. A flag named after TF's ``ClusterCoordinator``,
         like ``eval_node``: TF runs the coordinator as the chief, so there is no place to choose,
         and the driver as coordinator is :func:`tfonspark.ps_cluster`, not ``run()``.
+        ``debug`` (None): :class:`~tfonspark.Debug`, ``tf.debugging`` on every node around
+        ``map_fun`` (check numerics, Debugger V2 dumps, device-placement logging; docs/tensorfx.md).
+        ``data_service`` (0): that many more executors run tf.data service workers, with the
+        dispatcher on the driver, started before the nodes and stopped with the cluster;
+        ``map_fun`` reads it with ``ctx.distribute_dataset(ds)`` (``ctx.data_service``: its
+        target; docs/data_service.md).
         Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
         a shorthand merged into ``settings``; giving one both ways is a ConfigError.
 
@@ -201,10 +213,27 @@ def start(
     plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
     if driver_tasks:
         plan = dataclasses.replace(plan, driver_tasks=dict(driver_tasks))
-    use_barrier = launcher is None and barrier_supported(sc)
-    launcher = launcher or SparkLauncher(sc, barrier=use_barrier)
+    begin = functools.partial(_launch, plan, launcher, on_report, (map_fun, tf_args))
+    if not options.data_service:
+        return begin(None)
+    from .service_beside import start_beside  # it starts the service's nodes through this module
+
+    return start_beside(sc, options, chosen, launcher, begin)
+
+
+def _launch(
+    plan: _Plan,
+    launcher: Launcher | None,
+    on_report: Callable[[Report], Any] | None,
+    program: tuple[Callable[[Any, Any], Any], Any],
+    data_target: str | None,
+) -> Cluster:
+    """Start ``plan``'s nodes (a barrier stage where Spark has one), told the tf.data service's target."""
+    plan = dataclasses.replace(plan, data_target=data_target)
+    use_barrier = launcher is None and barrier_supported(plan.sc)
+    launcher = launcher or SparkLauncher(plan.sc, barrier=use_barrier)
     reserve = plan.reserver() if use_barrier else None
-    return _begin(plan, launcher, reserve, on_report, (plan.program(map_fun), tf_args))
+    return _begin(plan, launcher, reserve, on_report, (plan.program(program[0]), program[1]))
 
 
 @dataclass(frozen=True)
@@ -221,6 +250,7 @@ class _Plan:
     tfos_face: bool
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     driver_tasks: Mapping[str, Sequence[str]] = field(default_factory=dict)  #: tasks the driver holds
+    data_target: str | None = None  #: ``NodeConfig.data_service``
 
     @property
     def heartbeat_secs(self) -> float:
@@ -264,6 +294,8 @@ class _Plan:
             num_gpus=self.num_gpus,
             attempt=attempt,
             server_restarts=self.server_restarts,
+            debug=opts.debug.to_dict() if opts.debug else None,
+            data_service=self.data_target,
             **self.resolved.node_fields(),
         )
 

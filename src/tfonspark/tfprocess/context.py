@@ -13,7 +13,9 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..fs import qualify
+from .data_worker import distribute
 from .report import report_payload
 from .server import PortHandover, hand_over_port
 from .server import start_cluster_server as _start_cluster_server
@@ -143,6 +145,10 @@ class NodeContext:
         #: 0 on the cluster's first start, n after the driver restarted it n times (``max_restarts``):
         #: resume from the last checkpoint when it is > 0
         self.attempt = 0
+        #: the tf.data service's dispatcher, ``"grpc://host:port"``, when the cluster was started
+        #: with ``run(..., data_service=N)``; None without one (:meth:`distribute_dataset`)
+        self.data_service: str | None = None
+        self._data_jobs = 0  # distribute_dataset calls so far: the default job names
 
     @classmethod
     def in_cluster(
@@ -192,6 +198,7 @@ class NodeContext:
             reporter=reporter,
         )
         ctx.attempt = config.attempt
+        ctx.data_service = config.data_service
         return ctx
 
     @property
@@ -394,6 +401,43 @@ class NodeContext:
         from ..distribute.checkpoint import export_saved_model
 
         return export_saved_model(model, export_dir, signatures=signatures, is_chief=is_chief)
+
+    def distribute_dataset(
+        self, dataset: Any, processing_mode: Any = "distributed_epoch", *, job_name: str | None = None
+    ) -> Any:
+        """``dataset`` read through the cluster's tf.data service (``run(..., data_service=N)``).
+
+        The service's workers run ``dataset``; this node reads their output. Every node that
+        makes the same call shares one job: its ``job_name``, by default
+        ``"tfonspark-a<attempt>-<n>"`` for this node's n-th call, the same on every node as long
+        as they all make the same calls in the same order (as MWMS nodes do). With
+        ``"distributed_epoch"`` the nodes split the elements, so their counts differ: give an
+        endless dataset (``.repeat()``) and ``steps_per_epoch``, or MWMS nodes wait for each
+        other. A dataset that calls back into Python (``py_function``...) raises ConfigError here.
+
+        Parameters
+        ----------
+        dataset : tf.data.Dataset
+            What the service's workers run (before batching for one replica or after: yours).
+        processing_mode : str or tf.data.experimental.service.ShardingPolicy
+            ``"distributed_epoch"`` (each element to one node), ``"parallel_epochs"`` (every
+            worker produces the whole dataset), or a ``ShardingPolicy``.
+        job_name : str, optional
+            The job the nodes share; default: one per call, as above.
+
+        Examples
+        --------
+        >>> def dataset_fn(input_context):  # doctest: +SKIP
+        ...     return ctx.distribute_dataset(tf.data.Dataset.range(10**6).map(augment).batch(32).repeat())
+        """
+        if not self.data_service:
+            raise ConfigError(
+                "this cluster has no tf.data service: start it with tfonspark.run(..., data_service=N) "
+                "(N: executors for its workers)"
+            )
+        self._data_jobs += 1
+        name = job_name or f"tfonspark-a{self.attempt}-{self._data_jobs}"
+        return distribute(dataset, self.data_service, processing_mode, job_name=name)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,70 @@
+"""``run(..., data_service=N)``: a tf.data service beside a training cluster, ended with it.
+
+The service (:func:`tfonspark.data_service`: the dispatcher on the driver, ``N`` workers on
+executors of their own) starts first, so the nodes' ``NodeConfig.data_service`` can name its
+target (``ctx.data_service``, ``ctx.distribute_dataset``). The cluster then starts as
+:func:`tfonspark.run` always does; if it cannot, the service stops before the error goes on.
+Once running, the cluster stops the service after its nodes (``Cluster.add_closer``), in
+``shutdown()`` and ``stop()`` alike, also when they raise: no worker process or port is left.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..settings import Settings
+from .cluster import Cluster
+from .data_service import DataService, data_service
+from .launch import ClusterOptions
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from .launcher import Launcher
+
+__all__ = ["start_beside"]
+
+_log = logging.getLogger(__name__)
+
+
+def start_beside(
+    sc: SparkContext,
+    options: ClusterOptions,
+    chosen: Settings,
+    launcher: Launcher | None,
+    begin: Callable[[str | None], Cluster],
+) -> Cluster:
+    """Start ``options.data_service`` tf.data workers, then the cluster (``begin(target)``), tied together.
+
+    Raises ConfigError for a ``data_service`` that is not a whole number >= 0, and whatever
+    :func:`tfonspark.data_service` or ``begin`` raise (after stopping what had started).
+
+    Examples
+    --------
+    >>> cluster = start_beside(sc, ClusterOptions(data_service=1), Settings(), None, begin)  # doctest: +SKIP
+    """
+    count = options.data_service
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigError(f"data_service must be a whole number of executors >= 0. Received: {count!r}")
+    svc = data_service(
+        sc, count, settings=chosen, reservation_timeout=float(options.reservation_timeout), launcher=launcher
+    )
+    try:
+        cluster = begin(svc.target)
+    except BaseException:
+        _stop(svc, "the training cluster did not start")
+        raise
+    cluster.add_closer(lambda: _stop(svc, f"cluster {cluster.cluster_id[:12]} stopped"))
+    _log.info("tf.data service %s beside cluster %s", svc.target, cluster.cluster_id[:12])
+    return cluster
+
+
+def _stop(svc: DataService, why: str) -> None:
+    """Stop ``svc``; a worker's failure is logged, so the cluster's own outcome is the one raised."""
+    try:
+        svc.shutdown()
+    except Exception as error:
+        _log.warning("tf.data service %s stopped after %s; a worker had failed: %s", svc.target, why, error)
