@@ -199,7 +199,10 @@ def data_service(
     address = chief_address(driver_host(sc), handover.port)
     args = DataWorkerArgs(address, heartbeat_interval_ms, wait_secs=float(reservation_timeout))
     try:
-        cluster = start(sc, serve_data, args, num_workers, options, chosen, launcher=launcher)
+        # the dispatcher as a driver-held task: a serve-only node, so its supervisor restarts a killed
+        # WorkerServer in place at the same address (the dispatcher's worker list stays right)
+        tasks = {"dispatcher": [address]}
+        cluster = start(sc, serve_data, args, num_workers, options, chosen, launcher=launcher, driver_tasks=tasks)
     except ReservationTimeout as error:
         handover.release()
         raise _named(error, num_workers) from error
