@@ -248,17 +248,27 @@ class Gang:
 
     # ---- events and teardown -------------------------------------------------------------------
     def _watch(self) -> None:
-        """Follow node events; on a node failure, cancel the feed jobs at once."""
+        """Follow node events until the server closes; on a node failure, cancel the feed jobs at once.
+
+        Teardown closes the server only once every node exited (or its wait timed out): a report
+        a node sends while it is stopped (a ps or evaluator's last one) still reaches ``on_event``.
+        """
         server = self.server
-        while True:
-            for node, event in server.next_events(lambda: self.closed):
-                if isinstance(event, ServerRestarted):
-                    self.server_restarts.append(ServerRestart.of(node.role.name, event))
-                self._on_event(node, event)
-            if server.failures() or self.closed or server.closed:
-                break
-        if server.failures():
+        failed = server.failures
+        while not server.closed and not failed():
+            self._hand_out(server.next_events(lambda: bool(failed())))
+        if failed():
             self._cancel_feeds()
+        while not server.closed:
+            self._hand_out(server.next_events(lambda: False))
+        self._hand_out(server.take_events())  # those that came with the nodes' last messages
+
+    def _hand_out(self, events: list[tuple[NodeState, NodeEvent]]) -> None:
+        """Hand each event to ``on_event``, noting a worker server's restart first."""
+        for node, event in events:
+            if isinstance(event, ServerRestarted):
+                self.server_restarts.append(ServerRestart.of(node.role.name, event))
+            self._on_event(node, event)
 
     def teardown(self, grace_secs: float) -> None:
         """Stop every node, wait for their supervisors, cancel jobs, close the server."""

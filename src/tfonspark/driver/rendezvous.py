@@ -480,10 +480,10 @@ class RendezvousServer:
         return [(node, event) for _, node, event, _ in pending]
 
     def next_events(self, stop: Callable[[], bool]) -> list[tuple[NodeState, ev.NodeEvent]]:
-        """Wait for node events, then take them (:meth:`take_events`); ``[]`` once ``stop()``, a
-        node failed or the server closed with none waiting. The cluster's watcher calls it in a loop."""
+        """Wait for node events, then take them (:meth:`take_events`); ``[]`` once ``stop()`` or the
+        server closed with none waiting. The cluster's watcher calls it in a loop until the server closes."""
         with self._cond:
-            while not (self._reports or self._notices or stop() or self._closed or self.failures()):
+            while not (self._reports or self._notices or stop() or self._closed):
                 self._cond.wait()
         return self.take_events()
 

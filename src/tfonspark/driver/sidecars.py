@@ -1,10 +1,11 @@
 """The evaluator goes first when a cluster ends, so its last evaluation reaches the driver.
 
 A sidecar evaluator (``eval_node=True``, ``ps_cluster(evaluator=...)``) turns SIGTERM into
-"evaluate the newest checkpoint, then return" (:mod:`tfonspark.distribute.sidecar`). Stopped
-together with the other nodes, its last report would arrive while the cluster is torn down,
-when the driver no longer collects reports. :func:`finish_evaluators` stops it first and waits
-for it to exit, so that report is in ``cluster.reports`` before the rest is stopped.
+"evaluate the newest checkpoint, then return" (:mod:`tfonspark.distribute.sidecar`), which
+takes longer than the other nodes' stop. :func:`finish_evaluators` stops it first, with at least
+``EVALUATOR_GRACE_SECS``, and waits for it to exit, so that its last report is in
+``cluster.reports`` before the rest is stopped (the driver collects reports until teardown
+closes its server in any case: see ``Gang._watch``).
 """
 
 from __future__ import annotations
