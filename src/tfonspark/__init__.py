@@ -22,6 +22,7 @@ from .driver.stopping import request_stop
 from .settings import Settings
 from .tfprocess.context import NodeContext, hdfs_path
 from .tfprocess.datafeed import DataFeed, feed_dataset
+from .tfprocess.debugging import Debug
 
 if TYPE_CHECKING:
     from . import TFCluster, TFManager, TFNode, TFParallel, compat
@@ -44,6 +45,7 @@ __all__ = [
     "Cluster",
     "DataFeed",
     "DataService",
+    "Debug",
     "InputMode",
     "NodeContext",
     "PSCluster",

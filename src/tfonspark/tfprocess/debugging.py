@@ -60,6 +60,12 @@ class Debug:
                 raise ConfigError(f"Debug.{name} must be True or False. Received: {getattr(self, name)!r}")
         if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir):
             raise ConfigError(f"Debug.dump_dir must be None or a directory path. Received: {self.dump_dir!r}")
+        if self.check_numerics and self.dump_dir is not None:
+            raise ConfigError(
+                "Debug: check_numerics and dump_dir cannot be on together (TensorFlow 2.21 fails to trace a "
+                "tf.function under both op callbacks); the dumps' CONCISE_HEALTH already counts each tensor's "
+                f"NaNs and Infs. Received: check_numerics=True, dump_dir={self.dump_dir!r}"
+            )
 
     @property
     def enabled(self) -> bool:

@@ -140,6 +140,10 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
         if config.release_port:
             ctx.release_port()
         map_fun, tf_args = cloudpickle.loads(payload)
+        if config.debug:  # run(debug=Debug(...)): tf.debugging around map_fun; nothing imported when off
+            from .debugging import Debug, debugged
+
+            map_fun = debugged(map_fun, Debug.from_dict(config.debug), ctx.job_name, ctx.task_index)
         up = ev.ProcessUp(host, feed.port if feed else 0, feed.unix_path if feed else "", ctx.tensorboard_url or "")
         _emit(status, up)
         try:
