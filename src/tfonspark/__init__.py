@@ -14,10 +14,10 @@ from . import errors
 from .config import InputMode
 from .driver.cluster import Cluster
 from .driver.data_service import DataService, data_service
-from .driver.launch import run
 from .driver.ps import PSCluster, ps_cluster
 from .driver.reports import Report
 from .driver.restarts import Restart
+from .driver.runner import run
 from .driver.stopping import request_stop
 from .settings import Settings
 from .tfprocess.context import NodeContext, hdfs_path

@@ -98,7 +98,7 @@ def _train(sc: Any, args: argparse.Namespace, dataset: Dataset) -> Message:
     from pyspark.sql import SparkSession
 
     from ..config import InputMode
-    from ..driver.launch import run
+    from ..driver.runner import run
 
     images, labels = limit_rows(dataset.train_images, dataset.train_labels, args.max_train_rows)
     df = images_to_dataframe(SparkSession.builder.getOrCreate(), images, labels)

@@ -1,4 +1,7 @@
-"""Start a cluster: resolve its settings, plan its roles, open the rendezvous, launch the nodes."""
+"""Start a cluster: resolve its settings, plan its roles, open the rendezvous, launch the nodes.
+
+``tfonspark.run`` sorts its keywords in :mod:`.runner` and starts here.
+"""
 
 from __future__ import annotations
 
@@ -31,13 +34,11 @@ from .reports import Report, ReportLog
 from .restarts import check_max_restarts
 
 if TYPE_CHECKING:
-    from typing import Unpack
-
     from pyspark import SparkContext
 
     from .plan import NodeRole
 
-__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "driver_host", "run", "split_options", "start"]
+__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "driver_host", "prepare", "split_options", "start"]
 
 _log = logging.getLogger(__name__)
 _LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
@@ -52,7 +53,7 @@ def driver_host(sc: SparkContext) -> str:
 @dataclass(frozen=True)
 class ClusterOptions:
     """How ``run()`` lays out and starts the cluster: TFoS's options of ``TFCluster.run``,
-    ``max_restarts`` and ``coordinator``. Each is also a keyword argument of :func:`run` (see there)."""
+    ``max_restarts`` and ``coordinator``. Each is also a keyword argument of :func:`tfonspark.run` (see there)."""
 
     num_ps: int = 0
     tensorboard: bool = False
@@ -85,7 +86,7 @@ class SettingKeywords(TypedDict, total=False):
 
 
 class RunOptions(SettingKeywords, total=False):
-    """The keyword arguments of :func:`run` after ``launcher``: the fields of :class:`ClusterOptions`
+    """The keyword arguments of :func:`tfonspark.run` after ``launcher``: the fields of :class:`ClusterOptions`
     and of :class:`~tfonspark.settings.Settings` (a shorthand for ``settings=``)."""
 
     num_ps: int
@@ -116,84 +117,6 @@ def split_options(keywords: Mapping[str, Any]) -> tuple[ClusterOptions, dict[str
     return options, {k: v for k, v in keywords.items() if k in _SETTING_NAMES}
 
 
-def run(
-    sc: SparkContext,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
-    *,
-    settings: Settings | None = None,
-    on_report: Callable[[Report], Any] | None = None,
-    launcher: Launcher | None = None,
-    **options: Unpack[RunOptions],
-) -> Cluster:
-    """Start a TensorFlow cluster of ``num_executors`` nodes on Spark executors.
-
-    ``map_fun(tf_args, ctx)`` runs in one TF process per node. Returns a :class:`Cluster` once
-    every node is up. TFoS programs call ``TFCluster.run``, which takes TFoS's positional
-    arguments; here everything after ``num_executors`` is a keyword.
-
-    Parameters
-    ----------
-    sc : pyspark.SparkContext
-        The Spark context.
-    map_fun : callable
-        ``map_fun(tf_args, ctx)``, called in every node's TF process (``ctx``: a
-        :class:`~tfonspark.NodeContext`).
-    tf_args : object
-        Handed to ``map_fun`` as is (an ``argparse.Namespace``, a dict...).
-    num_executors : int
-        How many nodes (one per Spark executor, ps and evaluator included).
-    settings : Settings, optional
-        :class:`~tfonspark.settings.Settings`: each field given wins over its Spark conf key
-        ``spark.tfonspark.<camelCase name>``, its environment variable and its default (docs/settings.md).
-    on_report : callable, optional
-        Called on the driver with each :class:`Report` a node sends (``ctx.report({...})``);
-        default: logged at INFO on the ``tfonspark.report`` logger. All are in ``cluster.reports``.
-    launcher : Launcher, optional
-        Starts the node supervisors (default: a Spark job, a barrier stage where possible);
-        ``tfonspark.testing.LocalLauncher`` starts them without Spark, for tests.
-    **options : RunOptions
-        The fields of :class:`ClusterOptions`, TFoS's options of ``TFCluster.run`` with its
-        defaults: ``num_ps`` (0) parameter servers, ``tensorboard`` (False) on the chief,
-        ``input_mode`` (``InputMode.TENSORFLOW``) how data reaches TF, ``log_dir`` (None) for
-        TensorBoard, ``driver_ps_nodes`` (False) ps nodes on the driver, ``master_node`` (None)
-        the chief's job name (``"chief"``/``"master"``), ``reservation_timeout`` (600) seconds for
-        every node to register, ``eval_node`` (False) one evaluator node, ``release_port``
-        (True) the node releases its reserved port before ``map_fun``; and ``max_restarts`` (0):
-        after a node fails, tear the cluster down, reserve the executors again and start
-        ``map_fun`` again on every node (``ctx.attempt`` counts), up to that many times (docs/restarts.md);
-        and ``coordinator`` (False): ``map_fun`` runs on the ``chief`` only, as
-        ``ParameterServerStrategy``'s coordinator (``ctx.cluster_resolver()``), while the
-        workers and ps only serve (``tf.distribute.Server``, no user code) until it returns
-        (docs/ps.md). ``num_executors`` is then 1 chief + workers + ``num_ps`` (>= 1);
-        ``input_mode`` must be ``TENSORFLOW``. A flag named after TF's ``ClusterCoordinator``,
-        like ``eval_node``: TF runs the coordinator as the chief, so there is no place to choose,
-        and the driver as coordinator is :func:`tfonspark.ps_cluster`, not ``run()``.
-        ``debug`` (None): :class:`~tfonspark.Debug`, ``tf.debugging`` on every node around
-        ``map_fun`` (check numerics, Debugger V2 dumps, device-placement logging; docs/tensorfx.md).
-        ``data_service`` (0): that many more executors run tf.data service workers, with the
-        dispatcher on the driver, started before the nodes and stopped with the cluster;
-        ``map_fun`` reads it with ``ctx.distribute_dataset(ds)`` (``ctx.data_service``: its
-        target; docs/data_service.md).
-        Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
-        a shorthand merged into ``settings``; giving one both ways is a ConfigError.
-
-    Raises ReservationTimeout if the executors cannot be reserved in time, ConfigError for a bad
-    argument or setting, TypeError for an unknown keyword.
-
-    Examples
-    --------
-    >>> cluster = tfonspark.run(sc, main_fun, args, 2, input_mode=InputMode.SPARK,  # doctest: +SKIP
-    ...                         settings=Settings(heartbeat_timeout=30))
-    >>> cluster = tfonspark.run(sc, coordinate, args, 4, num_ps=1, coordinator=True)  # doctest: +SKIP
-    >>> cluster.shutdown()  # doctest: +SKIP
-    """
-    cluster_options, by_name = split_options(options)
-    chosen = (settings or Settings()).merged(by_name)
-    return start(sc, map_fun, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher)
-
-
 def start(
     sc: SparkContext,
     map_fun: Callable[[Any, Any], Any],
@@ -207,18 +130,43 @@ def start(
     tfos_face: bool = False,
     driver_tasks: Mapping[str, Sequence[str]] | None = None,
 ) -> Cluster:
-    """:func:`run` once its keyword arguments are sorted; ``TFCluster.run``, ``TFEstimator`` and
+    """:func:`tfonspark.run` once its keyword arguments are sorted; ``TFCluster.run``, ``TFEstimator`` and
     ``ps_cluster`` start here too (``tfos_face=True``: the TFoS face's Keras 2 default for the
     nodes; ``driver_tasks``: tasks in every node's cluster spec that the driver holds itself)."""
+    begin = prepare(
+        sc,
+        map_fun,
+        tf_args,
+        num_executors,
+        options,
+        chosen,
+        on_report=on_report,
+        launcher=launcher,
+        tfos_face=tfos_face,
+        driver_tasks=driver_tasks,
+    )
+    return begin(None)
+
+
+def prepare(
+    sc: SparkContext,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    options: ClusterOptions,
+    chosen: Settings,
+    *,
+    on_report: Callable[[Report], Any] | None = None,
+    launcher: Launcher | None = None,
+    tfos_face: bool = False,
+    driver_tasks: Mapping[str, Sequence[str]] | None = None,
+) -> Callable[[str | None], Cluster]:
+    """As :func:`start`, but checked and planned only: ``begin(data_target)`` starts the nodes,
+    telling them the tf.data service's dispatcher (``ctx.data_service``; None: no service)."""
     plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
     if driver_tasks:
         plan = dataclasses.replace(plan, driver_tasks=dict(driver_tasks))
-    begin = functools.partial(_launch, plan, launcher, on_report, (map_fun, tf_args))
-    if not options.data_service:
-        return begin(None)
-    from .service_beside import start_beside  # it starts the service's nodes through this module
-
-    return start_beside(sc, options, chosen, launcher, begin)
+    return functools.partial(_launch, plan, launcher, on_report, (map_fun, tf_args))
 
 
 def _launch(
