@@ -1,0 +1,39 @@
+"""``data_worker.watched``: a reader of the tf.data service fails, saying why, when a worker is lost for good."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tfonspark.errors import NodeFailed
+from tfonspark.tfprocess.data_worker import watched
+
+
+def test_elements_pass_through_and_errors_reach_the_reader():
+    assert list(watched(range(5), lambda: [], poll_secs=0.05)) == [0, 1, 2, 3, 4]
+
+    def broken():
+        yield 1
+        raise ValueError("bad element")
+
+    with pytest.raises(ValueError, match="bad element"):
+        list(watched(broken(), lambda: [], poll_secs=0.05))
+
+
+def test_a_hung_reader_fails_once_a_worker_is_lost():
+    release = threading.Event()
+
+    def hangs():
+        yield 1
+        release.wait(10)  # TF's client retrying a dead worker
+
+    lost_at = time.monotonic() + 0.3
+    got, began = [], time.monotonic()
+    with pytest.raises(NodeFailed, match="worker:1 lost for good") as info:
+        for x in watched(hangs(), lambda: ["worker:1"] if time.monotonic() > lost_at else [], poll_secs=0.1):
+            got.append(x)
+    release.set()
+    assert got == [1] and time.monotonic() - began < 2, time.monotonic() - began
+    assert "start again" in str(info.value)
