@@ -366,6 +366,8 @@ class Supervisor:
     def _tf_env(self, ready: m.ClusterReady, scratch: str) -> dict[str, str]:
         """The TF process's environment: its ``TF_CONFIG``, temp dir, GPUs, Keras."""
         env = dict(os.environ)
+        if "PYTHONPATH" in env:
+            env["PYTHONPATH"] = without_wheel_zips(env["PYTHONPATH"], sys.path)
         env["TMPDIR"] = env["TMP"] = env["TEMP"] = scratch
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
@@ -562,6 +564,29 @@ class Supervisor:
             self.stopping = self.stop_asked = True
             return
         threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
+
+
+def without_wheel_zips(pythonpath: str, search: list[str]) -> str:
+    """``pythonpath`` without the pyspark.zip and py4j zip that Spark puts first where the pyspark
+    wheel holding them is installed on ``search`` (the TF process's own path): the same files.
+
+    Python compiles a zip's modules on every import (the zips hold no bytecode), which made
+    ``from pyspark import cloudpickle`` cost each TF process 1-2 s of its start-up; the installed
+    copies load from their cached bytecode.
+    """
+    kept = []
+    for entry in pythonpath.split(os.pathsep):
+        lib = os.path.dirname(entry)  # .../site-packages/pyspark/python/lib
+        installed = os.path.dirname(os.path.dirname(os.path.dirname(lib)))  # .../site-packages
+        name = os.path.basename(entry)
+        if lib.endswith(os.path.join("pyspark", "python", "lib")) and installed in search:
+            if name == "pyspark.zip" and os.path.isfile(os.path.join(installed, "pyspark", "__init__.py")):
+                continue
+            version = name[len("py4j-") : -len("-src.zip")]
+            if name.startswith("py4j-") and os.path.isdir(os.path.join(installed, f"py4j-{version}.dist-info")):
+                continue
+        kept.append(entry)
+    return os.pathsep.join(kept)
 
 
 def _status_lines(status: IO[str]) -> Iterator[str]:
