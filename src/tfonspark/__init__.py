@@ -10,22 +10,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors
-from .config import InputMode
-from .driver.cluster import Cluster
-from .driver.data_service import DataService, data_service
-from .driver.ps import PSCluster, ps_cluster
-from .driver.reports import Report
-from .driver.restarts import Restart
-from .driver.runner import run
-from .driver.stopping import request_stop
-from .settings import Settings
-from .tfprocess.context import NodeContext, hdfs_path
-from .tfprocess.datafeed import DataFeed, feed_dataset
-from .tfprocess.debugging import Debug
-
 if TYPE_CHECKING:
-    from . import TFCluster, TFManager, TFNode, TFParallel, compat
+    from . import TFCluster, TFManager, TFNode, TFParallel, compat, errors
+    from .config import InputMode
+    from .driver.cluster import Cluster
+    from .driver.data_service import DataService, data_service
+    from .driver.ps import PSCluster, ps_cluster
+    from .driver.reports import Report
+    from .driver.restarts import Restart
+    from .driver.runner import run
+    from .driver.stopping import request_stop
+    from .settings import Settings
+    from .tfprocess.context import NodeContext, hdfs_path
+    from .tfprocess.datafeed import DataFeed, feed_dataset
+    from .tfprocess.debugging import Debug
 
 __version__ = "0.1.0"
 
@@ -35,10 +33,42 @@ __version__ = "0.1.0"
 _FACES = ("TFCluster", "TFManager", "TFNode", "TFParallel", "compat")
 
 
+#: Every other public name loads on first use too (PEP 562): the supervisor and the TF process
+#: import ``tfonspark.executor``/``tfonspark.tfprocess`` modules, which runs this ``__init__``;
+#: loading the driver (and numpy) here would cost each of them ~0.2 s of start-up for nothing.
+#: name -> the module that defines it (the imports under ``TYPE_CHECKING`` above, for mypy).
+_LAZY = {
+    "Cluster": ".driver.cluster",
+    "DataFeed": ".tfprocess.datafeed",
+    "DataService": ".driver.data_service",
+    "Debug": ".tfprocess.debugging",
+    "InputMode": ".config",
+    "NodeContext": ".tfprocess.context",
+    "PSCluster": ".driver.ps",
+    "Report": ".driver.reports",
+    "Restart": ".driver.restarts",
+    "Settings": ".settings",
+    "data_service": ".driver.data_service",
+    "feed_dataset": ".tfprocess.datafeed",
+    "hdfs_path": ".tfprocess.context",
+    "ps_cluster": ".driver.ps",
+    "request_stop": ".driver.stopping",
+    "run": ".driver.runner",
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name in _FACES:
+    if name in _FACES or name == "errors":
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

@@ -25,11 +25,11 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import sys
 import threading
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import numpy as np
 
 from ..errors import ConfigError
 
@@ -47,6 +47,9 @@ _MAX_DEPTH = 32  # nesting of lists/dicts; deeper is almost surely a cycle
 #: driver alike
 _MAX_INT_DIGITS = 4300
 _INT_BOUND = 10**_MAX_INT_DIGITS
+#: Stands in for numpy while it is not loaded: no value can be a numpy one then, and the TF
+#: process does not pay ~0.1 s of start-up importing numpy for a ``map_fun`` that never uses it.
+_NO_NUMPY = types.SimpleNamespace(generic=(), ndarray=())
 _JSON_TYPES = "str, int, float, bool, None, lists and str-keyed dicts of them, numpy scalars and arrays"
 
 
@@ -139,6 +142,7 @@ class _Converter:
         if isinstance(value, float):
             self.spend(3, where, "a float")  # 0.0, NaN
             return float(value)  # np.float64 is a float
+        np = sys.modules.get("numpy", _NO_NUMPY)
         if isinstance(value, np.generic):
             if isinstance(value, (np.bool_, np.integer, np.floating)):
                 self.spend(1, where, "a number")
@@ -158,7 +162,9 @@ class _Converter:
         elif isinstance(value, (list, tuple)):
             return self.sequence(value, where, depth, f"a {type(value).__name__} of {len(value):,} values")
         elif callable(getattr(value, "numpy", None)):  # an eager tf.Tensor / Variable
-            return self.value(np.asarray(value.numpy()), where, depth)
+            import numpy
+
+            return self.value(numpy.asarray(value.numpy()), where, depth)
         raise ConfigError(
             f"ctx.report values must be JSON-able ({_JSON_TYPES}). "
             f"Received: {where}={type(value).__name__}"
