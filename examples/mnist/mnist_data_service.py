@@ -53,10 +53,9 @@ def train_dataset(path: str, batch_size: int) -> Any:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     import tensorflow as tf
-    from pyspark import SparkConf, SparkContext
 
     import tfonspark
-    from tfonspark.demo import build_model
+    from tfonspark.demo import build_model, spark_context, stop_spark
     from tfonspark.demo.datasets import load_mnist
 
     mnist = load_mnist(args.data)
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     path = work_dir / "mnist-train.bin"
     write_records(mnist.train_images, mnist.train_labels, path)
     steps = len(mnist.train_images) // args.batch_size
-    sc = SparkContext(conf=SparkConf().setAppName("mnist_data_service").setIfMissing("spark.master", args.master))
+    sc = spark_context(args.master, app_name="mnist_data_service")
     try:
         with tfonspark.data_service(sc, args.workers) as svc:
             ds = svc.distribute(train_dataset(str(path), args.batch_size), "parallel_epochs", job_name="mnist")
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         _, accuracy = model.evaluate(tf.constant(test_x), tf.constant(mnist.test_labels.astype("int64")), verbose=0)
         print(f"test accuracy: {accuracy:.4f} after {args.epochs} epochs of {steps} steps")
     finally:
-        sc.stop()
+        stop_spark(sc)
         if not args.work_dir:
             os.remove(path)
             os.rmdir(work_dir)
@@ -86,7 +85,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="tf.data workers (Spark task slots)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--master", default="local-cluster[2,1,1024]", help="if spark.master is not set")
+    p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else the demo's)")
     p.add_argument("--work-dir", default=None, help="where the executors read the training records")
     return p.parse_args(argv)
 
