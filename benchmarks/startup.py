@@ -20,7 +20,9 @@ this machine's wall clock, so the phases line up:
 Each phase is the slowest node's. Process creation times come from ``/proc`` (10 ms ticks).
 The table also shows whether TensorFlow was already imported when ``map_fun`` was entered
 (it should not be: a ``map_fun`` that never imports it should not pay for it), the cost of
-the TF process's own imports measured alone in a fresh interpreter, and ``shutdown()``.
+the TF process's own imports measured alone in a fresh interpreter (also with pyspark from
+Spark's ``pyspark.zip``, which the TF process imported until its supervisor dropped the zip
+from its ``PYTHONPATH``), and ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -116,13 +118,28 @@ def trivial_job(sc: Any) -> float:
     return time.time() - start
 
 
-def import_cost() -> float:
-    """Seconds a fresh interpreter spends importing what the TF process imports before ``map_fun``."""
+def import_cost(zips: bool = False) -> float:
+    """Seconds a fresh interpreter spends importing what the TF process imports before ``map_fun``.
+
+    With ``zips``, pyspark comes from Spark's ``pyspark.zip`` first on ``PYTHONPATH``, as in a
+    Python worker: what each TF process paid before the supervisor dropped the zips.
+    """
     code = (
         "import time; t = time.perf_counter(); import tfonspark.tfprocess.entry; "
         "from pyspark import cloudpickle; print(time.perf_counter() - t)"
     )
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    env = dict(os.environ)
+    if zips:
+        import glob
+
+        import pyspark
+
+        lib = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")
+        paths = [os.path.join(lib, "pyspark.zip"), *glob.glob(os.path.join(lib, "py4j-*-src.zip"))]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, *[p for p in sys.path if p]])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # as Spark sets it for its workers
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return float(run.stdout)
 
 
 def _row(name: str, values: list[float]) -> str:
@@ -130,7 +147,7 @@ def _row(name: str, values: list[float]) -> str:
     return f"| {name} | {statistics.median(values):.3f} | {cells} |"
 
 
-def table(runs: list[Run], trivial: list[float], imports: list[float]) -> str:
+def table(runs: list[Run], trivial: list[float], imports: list[float], zipped: list[float]) -> str:
     """The markdown table: one column per run, the median first."""
     reps = " | ".join(f"run {i + 1}" for i in range(len(runs)))
     lines = [f"| phase (s) | median | {reps} |", "|---|---|" + "---|" * len(runs)]
@@ -145,6 +162,7 @@ def table(runs: list[Run], trivial: list[float], imports: list[float]) -> str:
         lines.append(_row(name, [getattr(r, field) for r in runs]))
     lines.append(_row("a trivial Spark job (the floor)", trivial))
     lines.append(_row("TF process imports alone (fresh interpreter)", imports))
+    lines.append(_row("the same, pyspark from Spark's pyspark.zip (no bytecode)", zipped))
     lines.append(f"\nTensorFlow imported before map_fun: {any(r.tf_imported for r in runs)}")
     return "\n".join(lines)
 
@@ -158,13 +176,14 @@ def main(argv: list[str] | None = None) -> None:
     sc, _ = _common.fresh_spark()
     trivial_job(sc)  # warm: the executors' Python workers exist
     one_run(sc)  # warm: the first run() also loads what later ones reuse
-    runs, trivial, imports = [], [], []
+    runs, trivial, imports, zipped = [], [], [], []
     for _ in range(opts.reps):
         trivial.append(trivial_job(sc))
         runs.append(one_run(sc))
         imports.append(import_cost())
+        zipped.append(import_cost(zips=True))
     _common.stop_spark()
-    print(table(runs, trivial, imports))
+    print(table(runs, trivial, imports, zipped))
     print(f"\n`python benchmarks/startup.py --reps {opts.reps}` on {_common.MASTER}, warm context; ", end="")
     print(f"load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
 
