@@ -1,4 +1,4 @@
-"""Helpers for integration tests: find leftover node processes and ports."""
+"""Helpers for integration tests: find leftover node processes and ports, run driver scripts."""
 
 from __future__ import annotations
 
@@ -136,3 +136,22 @@ def run_tf_workers(script: Path, args_of, tmp: Path, *, timeout: float = 60.0, *
             tail = logs[index].read_text()[-3000:]
             pytest.fail(f"{script.name} worker {index} exited with {proc.returncode}:\n{tail}")
     return [json.loads(path.read_text()) for path in results]
+
+
+def run_driver(script: Path, *args: str, out: Path, timeout: float = 240.0) -> dict:
+    """Run the driver script ``script`` (``MASTER OUT_JSON ...`` in ``args``, ``out`` among them) in a
+    subprocess and return the JSON it wrote to ``out``.
+
+    ``ps_cluster``'s coordinator (TF's threads, its in-process ``chief`` server) lives as long as
+    its process, which must not be the pytest process. A driver that fails, or writes nothing,
+    fails the test with the tail of its log (next to ``out``), gRPC's noise left out.
+    """
+    log = out.with_name(f"{out.stem}-{script.stem}.log")
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, str(script), *args], stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False
+        )
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join(line for line in log.read_text().splitlines() if "GRPC" not in line)[-4000:]
+        pytest.fail(f"{script.name} exited with {proc.returncode}:\n{tail}")
+    return json.loads(out.read_text())

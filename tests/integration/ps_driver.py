@@ -14,25 +14,14 @@ server stay for the life of the process, and the other tests' drivers must not h
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
+from ps_common import alive, node_pids, write_and_exit
+
 STEPS = 50
 BATCH = 16
-
-
-def _node_pids(cluster_ids: list[str]) -> list[int]:
-    import psutil
-
-    markers = ("tfonspark.tfprocess.entry", "tfonspark.executor.supervisor")
-    pids = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info.get("cmdline") or [])
-        if any(m in cmd for m in markers) and any(c[:12] in cmd for c in cluster_ids):
-            pids.append(proc.pid)
-    return pids
 
 
 def _spawned_here(address: str) -> bool:
@@ -93,15 +82,6 @@ def train(cluster, out: dict) -> None:
     out["steps"] = len(results)
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 class _Boom(Exception):
     """Raised in the block with ``--raise``: the cluster must stop on the way out all the same."""
 
@@ -123,13 +103,9 @@ def main(master: str, out_path: str, driver_ps: bool, fail: bool) -> None:
     out["shutdown_s"] = time.monotonic() - out.pop("stopping")
     out["after_block"] = {
         "accepting": servers_accepting(out["spec"]),
-        "alive": [p for p in out["node_pids"] if _alive(p)],
+        "alive": [p for p in out["node_pids"] if alive(p)],
     }
-    with open(out_path, "w") as f:
-        json.dump(out, f)
-    sys.stdout.flush()
-    sc.stop()
-    os._exit(0)
+    write_and_exit(out, out_path, sc)
 
 
 def _in_block(cluster, out: dict, started: float, fail: bool) -> None:
@@ -137,7 +113,7 @@ def _in_block(cluster, out: dict, started: float, fail: bool) -> None:
         out["startup_s"] = time.monotonic() - started
         out["spec"] = c.cluster_spec
         out["chief"] = c.chief
-        out["node_pids"] = _node_pids([c.cluster.cluster_id])
+        out["node_pids"] = node_pids([c.cluster.cluster_id])
         out["ps_on_driver"] = _spawned_here(c.cluster_spec["ps"][0])
         out["worker_on_driver"] = _spawned_here(c.cluster_spec["worker"][0])
         train(c, out)

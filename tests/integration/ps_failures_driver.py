@@ -20,12 +20,12 @@ ends with ``os._exit`` (TF's coordinator threads do not stop within a process).
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import threading
 import time
+
+from ps_common import write_and_exit
 
 STEPS = 150
 STEP_MS = 20
@@ -254,11 +254,7 @@ def main(master: str, out_path: str, two_workers: bool) -> None:
             "cause": type(error.__cause__).__name__,
         }
     out["after_block"] = {"accepting": servers_accepting(out["spec"])}
-    with open(out_path, "w") as f:
-        json.dump(out, f)
-    sys.stdout.flush()
-    sc.stop()
-    os._exit(0)
+    write_and_exit(out, out_path, sc)
 
 
 if __name__ == "__main__":

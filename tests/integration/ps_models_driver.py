@@ -24,11 +24,12 @@ reason as ``ps_driver.py``.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import sys
 import time
 import traceback
+
+from ps_common import write_and_exit
 
 VOCAB, DIM = 1000, 16
 IDS = 50  # the ids the data uses (of VOCAB): label = id % 2
@@ -291,12 +292,8 @@ def main(master: str, out_path: str, workdir: str) -> None:
         out["served"] = serve(list(range(IDS)), out["export"])
         out["serve_s"] = time.monotonic() - started
     out["total_s"] = time.monotonic() - _T0
-    with open(out_path, "w") as f:
-        json.dump(out, f)
     _stage("done", out)
-    sys.stdout.flush()
-    sc.stop()
-    os._exit(0)
+    write_and_exit(out, out_path, sc)
 
 
 if __name__ == "__main__":

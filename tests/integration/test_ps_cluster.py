@@ -8,9 +8,6 @@ block; this test then checks that no node process is left and no worker/ps port 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -20,25 +17,14 @@ import tfonspark
 from tfonspark.driver.ps import servers_accepting
 from tfonspark.errors import ReservationTimeout
 
-from .conftest import wait_until
+from .conftest import run_driver, wait_until
 
 DRIVER = Path(__file__).with_name("ps_driver.py")
 
 
 def _run_driver(tmp_path: Path, master: str, *flags: str) -> dict:
-    out, log = tmp_path / "out.json", tmp_path / "driver.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(
-            [sys.executable, str(DRIVER), master, str(out), *flags],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            timeout=240,
-            check=False,
-        )
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join(line for line in log.read_text().splitlines() if "GRPC" not in line)[-4000:]
-        pytest.fail(f"ps_driver.py exited with {proc.returncode}:\n{tail}")
-    return json.loads(out.read_text())
+    out = tmp_path / "out.json"
+    return run_driver(DRIVER, master, str(out), *flags, out=out, timeout=240)
 
 
 def _check_trained_and_gone(result: dict) -> None:

@@ -16,9 +16,7 @@ One driver subprocess (``ps_models_driver.py``, one cluster start: 2 workers + 2
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +24,8 @@ import numpy as np
 import pytest
 
 from tfonspark.tfprocess.server import servers_accepting
+
+from .conftest import run_driver
 
 DRIVER = Path(__file__).with_name("ps_models_driver.py")
 PS_DEVICE = re.compile(r"^/job:ps/replica:0/task:([01])/device:CPU:0$")
@@ -35,19 +35,8 @@ PS_DEVICE = re.compile(r"^/job:ps/replica:0/task:([01])/device:CPU:0$")
 def result(tmp_path_factory) -> dict:
     pytest.importorskip("tf_keras")
     workdir = tmp_path_factory.mktemp("ps_models")
-    out, log = workdir / "out.json", workdir / "driver.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(
-            [sys.executable, str(DRIVER), "local[4]", str(out), str(workdir)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            timeout=300,
-            check=False,
-        )
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join(line for line in log.read_text().splitlines() if "GRPC" not in line)[-4000:]
-        pytest.fail(f"ps_models_driver.py exited with {proc.returncode}:\n{tail}")
-    found = json.loads(out.read_text())
+    out = workdir / "out.json"
+    found = run_driver(DRIVER, "local[4]", str(out), str(workdir), out=out, timeout=300)
     print(
         f"ps_models on local[4]: TFRecords {found['records']['seconds']:.1f}s, start-up {found['startup_s']:.1f}s, "
         f"custom loop {found['loop']['seconds']:.1f}s, fit {found['fit']['seconds']:.1f}s, "
