@@ -7,7 +7,7 @@ import pytest
 from tfonspark.config import NodeConfig
 from tfonspark.driver import service_beside
 from tfonspark.driver.launch import ClusterOptions, split_options
-from tfonspark.errors import ConfigError
+from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.settings import Settings
 from tfonspark.tfprocess.context import NodeContext
 
@@ -42,6 +42,7 @@ def svc(monkeypatch):
         return made
 
     monkeypatch.setattr(service_beside, "data_service", fake)
+    monkeypatch.setattr(service_beside, "wait_for_slots", lambda sc, needed, timeout: needed)
     made.calls = calls
     return made
 
@@ -55,6 +56,7 @@ def test_the_service_starts_first_and_ends_with_the_cluster(svc):
         Settings(),
         None,
         lambda t: targets.append(t) or cluster,
+        1,
     )
     assert got is cluster and targets == [svc.target] and svc.calls == [(2, 30.0)]
     assert svc.stopped == 0
@@ -68,7 +70,7 @@ def test_a_cluster_that_cannot_start_stops_the_service(svc):
         raise ConfigError("no")
 
     with pytest.raises(ConfigError, match="no"):
-        service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, fail)
+        service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, fail, 1)
     assert svc.stopped == 1
 
 
@@ -78,7 +80,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 
     svc.shutdown = broken
     cluster = FakeCluster()
-    service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, lambda t: cluster)
+    service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, lambda t: cluster, 1)
     cluster.closers[0]()
     assert "worker 0 died" in caplog.text
 
@@ -86,8 +88,19 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_data_service_must_be_a_count(svc, bad):
     with pytest.raises(ConfigError, match="data_service must be a whole number"):
-        service_beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t: None)
+        service_beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t: None, 1)
     assert svc.calls == []
+
+
+def test_too_few_slots_for_nodes_and_workers_name_both(svc, monkeypatch):
+    monkeypatch.setattr(service_beside, "wait_for_slots", lambda sc, needed, timeout: 2)
+    options = ClusterOptions(data_service=1, reservation_timeout=3)
+    with pytest.raises(ReservationTimeout) as info:
+        service_beside.start_beside("sc", options, Settings(), None, lambda t: None, 2)
+    message = str(info.value)
+    assert "run(num_executors=2, data_service=1) needs 3 Spark task slots" in message, message
+    assert "spark.executor.instances" in message and (info.value.required, info.value.registered) == (3, 2)
+    assert svc.calls == []  # nothing started
 
 
 def test_run_takes_data_service_as_a_keyword():

@@ -105,5 +105,5 @@ def run(
         sc, map_fun, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher
     )
     if cluster_options.data_service:
-        return start_beside(sc, cluster_options, chosen, launcher, begin)
+        return start_beside(sc, cluster_options, chosen, launcher, begin, num_executors)
     return begin(None)

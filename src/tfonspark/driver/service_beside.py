@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ReservationTimeout
 from ..settings import Settings
-from .cluster import Cluster
+from .cluster import SPARK_SETTINGS, Cluster
 from .data_service import DataService, data_service
+from .jobs import wait_for_slots
 from .launch import ClusterOptions
 
 if TYPE_CHECKING:
@@ -36,19 +37,25 @@ def start_beside(
     chosen: Settings,
     launcher: Launcher | None,
     begin: Callable[[str | None], Cluster],
+    nodes: int,
 ) -> Cluster:
     """Start ``options.data_service`` tf.data workers, then the cluster (``begin(target)``), tied together.
 
-    Raises ConfigError for a ``data_service`` that is not a whole number >= 0, and whatever
-    :func:`tfonspark.data_service` or ``begin`` raise (after stopping what had started).
+    On Spark (no ``launcher``) it first waits, up to ``reservation_timeout``, until there are
+    task slots for both: the ``nodes`` executors of the cluster and the service's workers.
+    Raises ReservationTimeout naming both numbers when there are not, ConfigError for a
+    ``data_service`` that is not a whole number >= 0, and whatever :func:`tfonspark.data_service`
+    or ``begin`` raise (after stopping what had started).
 
     Examples
     --------
-    >>> cluster = start_beside(sc, ClusterOptions(data_service=1), Settings(), None, begin)  # doctest: +SKIP
+    >>> cluster = start_beside(sc, ClusterOptions(data_service=1), Settings(), None, begin, 2)  # doctest: +SKIP
     """
     count = options.data_service
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ConfigError(f"data_service must be a whole number of executors >= 0. Received: {count!r}")
+    if launcher is None:
+        _reserve(sc, nodes, count, float(options.reservation_timeout))
     svc = data_service(
         sc, count, settings=chosen, reservation_timeout=float(options.reservation_timeout), launcher=launcher
     )
@@ -60,6 +67,19 @@ def start_beside(
     cluster.add_closer(lambda: _stop(svc, f"cluster {cluster.cluster_id[:12]} stopped"))
     _log.info("tf.data service %s beside cluster %s", svc.target, cluster.cluster_id[:12])
     return cluster
+
+
+def _reserve(sc: SparkContext, nodes: int, workers: int, timeout: float) -> None:
+    """Wait for the task slots of the cluster's nodes and the service's workers together."""
+    slots = wait_for_slots(sc, nodes + workers, timeout)
+    if slots < nodes + workers:
+        raise ReservationTimeout(
+            f"run(num_executors={nodes}, data_service={workers}) needs {nodes + workers} Spark task slots "
+            f"({nodes} TensorFlow nodes + {workers} tf.data workers) but only {slots} were available after "
+            f"{timeout}s; check {SPARK_SETTINGS} or lower num_executors or data_service.",
+            registered=slots,
+            required=nodes + workers,
+        )
 
 
 def _stop(svc: DataService, why: str) -> None:
