@@ -11,22 +11,17 @@ No node process and no task port is left in any case.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-
-import pytest
 
 import tfonspark
 from tfonspark.errors import NodeFailed
 from tfonspark.tfprocess.server import servers_accepting
 
-from .conftest import by_value, node_processes, wait_until
+from .conftest import by_value, node_processes, run_driver, wait_until
 
 by_value(__name__)
 
@@ -34,15 +29,8 @@ DRIVER = Path(__file__).with_name("ps_failures_driver.py")
 
 
 def test_a_killed_worker_restarts_in_place_and_a_killed_ps_fails_the_block(tmp_path):
-    out, log = tmp_path / "out.json", tmp_path / "driver.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(
-            [sys.executable, str(DRIVER), "local[3]", str(out)], stdout=f, stderr=subprocess.STDOUT, timeout=300
-        )
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join(line for line in log.read_text().splitlines() if "GRPC" not in line)[-4000:]
-        pytest.fail(f"ps_failures_driver.py exited with {proc.returncode}:\n{tail}")
-    r = json.loads(out.read_text())
+    out = tmp_path / "out.json"
+    r = run_driver(DRIVER, "local[3]", str(out), out=out, timeout=300)
     worker, ps, left = r["worker_kill"], r["ps_kill"], r["left_block"]
     # the worker: restarted at its address, every closure ran (at least once), training completed
     assert worker["accepting_s"] > 0 and worker["ran"] >= worker["scheduled"] == 150, worker
@@ -123,7 +111,7 @@ def _shutdown_in_background(cluster) -> tuple[threading.Thread, list[BaseExcepti
 
 
 def test_coordinator_on_the_chief_restores_from_a_checkpoint_after_a_ps_kill(spark_manager, no_leftovers, tmp_path):
-    sc = spark_manager.get("local[4]")
+    sc = spark_manager.get("local[5]")  # shared with test_ps_coordinator.py: one SparkContext
     cluster = tfonspark.run(
         sc, coordinate, {"dir": str(tmp_path)}, 3, num_ps=1, coordinator=True, max_restarts=1, reservation_timeout=120
     )

@@ -3,7 +3,7 @@
 ``run(..., coordinator=True, eval_node=True)`` runs ``map_fun`` on the chief and on the
 evaluator; ``ps_cluster(..., evaluator=fn)`` runs ``fn`` on the evaluator. The evaluator runs no
 TF server, so TF's coordinator must not see it in its cluster spec.
-``tests/integration/test_ps_evaluator.py`` runs one on real Spark.
+``tests/integration/test_ps_coordinator.py`` runs one on real Spark.
 """
 
 from __future__ import annotations
