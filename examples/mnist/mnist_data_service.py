@@ -9,6 +9,9 @@ random brightness and contrast) and batch; this process only trains the demo CNN
 (``tfonspark.demo.build_model``) on what they stream, then evaluates on the 10,000 test
 images, untouched. ``parallel_epochs``: each worker streams the whole shuffled set endlessly,
 the trainer takes ``60,000 / batch`` batches per epoch.
+
+Measured (the command above, ``local-cluster[2,1,1024]``, 2 workers, 2 shared cores): 99.34%
+test accuracy after 4 epochs, 14-17 s per epoch.
 """
 
 from __future__ import annotations
