@@ -162,7 +162,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", default=str(DEFAULT_DATA), help="directory of the MNIST idx files")
     p.add_argument("--elements", type=int, default=20_000, help="images the consumer reads per variant")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--blur", type=int, default=4, help="5x5 blurs per image (the augmentation's cost)")
+    p.add_argument("--blur", type=int, default=8, help="5x5 blurs per image (the augmentation's cost)")
     p.add_argument("--workers", default="1,2", help="service variants: executor workers, comma-separated")
     p.add_argument("--quick", action="store_true", help="smoke run: 2,000 images, 1 worker")
     opts = p.parse_args(argv)
