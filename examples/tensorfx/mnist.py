@@ -40,6 +40,8 @@ class MnistArgs(ModelArguments):
         parser.add_argument("--master", help="Spark master (default: an embedded local-cluster[2,1,1024])")
         parser.add_argument("--max-train-rows", type=int, help="train on the first N rows only")
         parser.add_argument("--max-test-rows", type=int, help="evaluate on the first N test rows only")
+        parser.add_argument("--filters", type=int, default=16, help="first conv's filters, the second's x2 (16)")
+        parser.add_argument("--dense", type=int, default=128, help="hidden dense units (default: 128)")
         return parser
 
     def process(self) -> None:
@@ -49,6 +51,9 @@ class MnistArgs(ModelArguments):
         self.data = os.path.abspath(self.data)
         if self.nodes < 1:
             self.fail("nodes", "must be >= 1", self.nodes)
+        for name in ("filters", "dense"):
+            if getattr(self, name) < 1:
+                self.fail(name, "must be >= 1", getattr(self, name))
         if self.mode == "spark" and self.steps_per_epoch is None:
             self.steps_per_epoch = max(1, train_rows(self) // self.batch_size)
 
@@ -90,13 +95,14 @@ class MnistBuilder(ModelBuilder):
 
         layers = keras.layers
         x = layers.Reshape((28, 28, 1))(inputs["image"])
-        x = layers.Conv2D(16, 5, padding="same", activation="relu")(x)
+        filters = self.args.filters
+        x = layers.Conv2D(filters, 5, padding="same", activation="relu")(x)
         x = layers.MaxPooling2D()(x)
-        x = layers.Conv2D(32, 5, padding="same", activation="relu")(x)
+        x = layers.Conv2D(2 * filters, 5, padding="same", activation="relu")(x)
         x = layers.MaxPooling2D()(x)
         x = layers.Flatten()(x)
         x = layers.Dropout(0.3)(x)
-        x = layers.Dense(128, activation="relu")(x)
+        x = layers.Dense(self.args.dense, activation="relu")(x)
         return layers.Dense(10, name="logits")(x)
 
     def build_training(self, global_steps: int, inputs: Any, inferences: Any) -> tuple[Any, Any]:

@@ -66,7 +66,7 @@ def test_check_numerics_fails_the_job_naming_op_and_node(sc, tmp_path: Path, no_
     assert "produced NaN or Inf on worker:1" in err.traceback
     started, seen = (float((tmp_path / f"{what}-1").read_text()) for what in ("start", "nan"))
     print(
-        f"[measured] worker:1 saw the NaN {seen - started:.2f}s into training "
+        f"[measured] worker:1 saw the NaN {seen - started:.2f}s into training; "
         f"the job failed {raised_at - seen:.2f}s later"
     )
     assert raised_at - seen < 10, f"took {raised_at - seen:.1f}s"
