@@ -37,3 +37,21 @@ def test_a_hung_reader_fails_once_a_worker_is_lost():
     release.set()
     assert got == [1] and time.monotonic() - began < 2, time.monotonic() - began
     assert "start again" in str(info.value)
+
+
+def test_the_service_watches_with_its_own_cluster_failures():
+    from types import SimpleNamespace
+
+    from tfonspark.driver.data_service import DataService
+
+    lost: list[str] = []
+    cluster = SimpleNamespace(server=SimpleNamespace(failures=lambda: list(lost)))
+    svc = DataService(cluster, dispatcher=None, target="grpc://h:1", worker_addresses=["h:2"])  # type: ignore[arg-type]
+
+    def reads():
+        yield 1
+        lost.append("worker:0")
+        time.sleep(5)
+
+    with pytest.raises(NodeFailed, match="worker:0"):
+        list(svc.watch(reads(), poll_secs=0.05))

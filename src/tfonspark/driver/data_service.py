@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from ..config import InputMode
 from ..errors import ClusterError, ConfigError, ReservationTimeout
 from ..host import reserve_port
 from ..settings import Settings
-from ..tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, serve_data
+from ..tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, serve_data, watched
 from ..tfprocess.server import PortHandover, wait_for_servers
 from .cluster import Cluster
 from .launch import ClusterOptions, SettingKeywords, driver_host, start
@@ -103,6 +104,27 @@ class DataService:
         return distribute(
             dataset, self.target, mode, job_name=job_name, max_outstanding_requests=max_outstanding_requests
         )
+
+    def watch(self, dataset: Iterable[Any], poll_secs: float = 1.0) -> Iterator[Any]:
+        """``dataset``'s elements, raising NodeFailed within ``poll_secs`` once a worker is lost for good.
+
+        TF's reader is never told that a worker is gone for good (its executor lost, its restarts
+        in place used up): it retries the dead address forever. Read through this instead of
+        hanging (:func:`tfonspark.tfprocess.data_worker.watched` with this cluster's failures).
+
+        Parameters
+        ----------
+        dataset : iterable
+            What to read: a dataset made by :meth:`distribute`.
+        poll_secs : float
+            How often the driver's view of lost workers is checked while waiting.
+
+        Examples
+        --------
+        >>> for batch in svc.watch(svc.distribute(ds)):  # doctest: +SKIP
+        ...     train_step(batch)
+        """
+        return watched(dataset, self.cluster.server.failures, poll_secs)
 
     def shutdown(self, grace_secs: float = 2.0) -> None:
         """Stop every worker (SIGTERM, SIGKILL after ``grace_secs``), then the dispatcher; idempotent.
