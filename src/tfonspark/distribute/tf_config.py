@@ -23,7 +23,16 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ALL_ROLES", "MWMS_ROLES", "TF_CONFIG_ENV", "TaskInfo", "build_tf_config", "is_chief", "task_info"]
+__all__ = [
+    "ALL_ROLES",
+    "MWMS_ROLES",
+    "TF_CONFIG_ENV",
+    "TaskInfo",
+    "build_tf_config",
+    "is_chief",
+    "load_tf_config",
+    "task_info",
+]
 
 TF_CONFIG_ENV = "TF_CONFIG"
 _TRAINING_ROLES = ("chief", "worker")
@@ -94,7 +103,7 @@ def task_info(tf_config: str | Mapping[str, Any] | None = None, *, roles: Sequen
     """
     if tf_config is None:
         tf_config = os.environ.get(TF_CONFIG_ENV, "")
-    config = _load(tf_config)
+    config = load_tf_config(tf_config)
     if not config:
         return TaskInfo(task_type=None, task_id=0, cluster={})
     cluster = _cluster(config.get("cluster", {}), roles)
@@ -115,8 +124,11 @@ def task_info(tf_config: str | Mapping[str, Any] | None = None, *, roles: Sequen
     return TaskInfo(task_type=str(task_type), task_id=task_id, cluster=cluster, rpc_layer=rpc_layer)
 
 
-def _load(tf_config: str | Mapping[str, Any]) -> Mapping[str, Any]:
-    """JSON text or a mapping to a mapping; empty text means no cluster."""
+def load_tf_config(tf_config: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    """JSON text or a mapping to a mapping; empty text means no cluster (``{}``).
+
+    Raises ConfigError naming what was received when the text is not a JSON object.
+    """
     if isinstance(tf_config, Mapping):
         return tf_config
     if not tf_config.strip():

@@ -17,14 +17,13 @@ strategy's scope, under which the model must be built and compiled:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..distribute.tf_config import ALL_ROLES, TF_CONFIG_ENV, is_chief, task_info
+from ..distribute.tf_config import ALL_ROLES, TF_CONFIG_ENV, is_chief, load_tf_config, task_info
 from ..errors import ConfigError
 
 __all__ = ["Configuration", "Task"]
@@ -111,12 +110,7 @@ class Configuration:
         text = os.environ.get(TF_CONFIG_ENV, "").strip()
         if not text:
             return cls.local()
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"TF_CONFIG is not valid JSON ({err}). Received: {text!r}") from err
-        if not isinstance(document, Mapping):
-            raise ConfigError(f"TF_CONFIG must be a JSON object. Received: {text!r}")
+        document = load_tf_config(text)
         task_info(document, roles=ALL_ROLES)  # every field checked, the role named if unknown
         return cls(
             document.get("task"),
