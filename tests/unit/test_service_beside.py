@@ -28,8 +28,10 @@ class FakeCluster:
     def __init__(self) -> None:
         self.closers = []
 
-    def add_closer(self, close) -> None:
-        self.closers.append(close)
+    def begin(self, target, on_end):
+        """``launch.prepare``'s ``begin``: the cluster keeps ``on_end`` for when its nodes stop."""
+        self.closers.append(on_end)
+        return self
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_the_service_starts_first_and_ends_with_the_cluster(svc):
         ClusterOptions(data_service=2, reservation_timeout=30),
         Settings(),
         None,
-        lambda t: targets.append(t) or cluster,
+        lambda t, on_end: targets.append(t) or cluster.begin(t, on_end),
         1,
     )
     assert got is cluster and targets == [svc.target] and svc.calls == [(2, 30.0)]
@@ -66,7 +68,7 @@ def test_the_service_starts_first_and_ends_with_the_cluster(svc):
 
 
 def test_a_cluster_that_cannot_start_stops_the_service(svc):
-    def fail(target):
+    def fail(target, on_end):
         raise ConfigError("no")
 
     with pytest.raises(ConfigError, match="no"):
@@ -80,7 +82,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 
     svc.shutdown = broken
     cluster = FakeCluster()
-    service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, lambda t: cluster, 1)
+    service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, cluster.begin, 1)
     cluster.closers[0]()
     assert "worker 0 died" in caplog.text
 
@@ -88,7 +90,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_data_service_must_be_a_count(svc, bad):
     with pytest.raises(ConfigError, match="data_service must be a whole number"):
-        service_beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t: None, 1)
+        service_beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t, on_end: None, 1)
     assert svc.calls == []
 
 
@@ -96,7 +98,7 @@ def test_too_few_slots_for_nodes_and_workers_name_both(svc, monkeypatch):
     monkeypatch.setattr(service_beside, "wait_for_slots", lambda sc, needed, timeout: 2)
     options = ClusterOptions(data_service=1, reservation_timeout=3)
     with pytest.raises(ReservationTimeout) as info:
-        service_beside.start_beside("sc", options, Settings(), None, lambda t: None, 2)
+        service_beside.start_beside("sc", options, Settings(), None, lambda t, on_end: None, 2)
     message = str(info.value)
     assert "run(num_executors=2, data_service=1) needs 3 Spark task slots" in message, message
     assert "spark.executor.instances" in message and (info.value.required, info.value.registered) == (3, 2)

@@ -42,12 +42,14 @@ def start_cluster(
     launcher: Launcher | None = None,
     max_restarts: int = 0,
     reserve: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
 ) -> Cluster:
     """Form attempt 0 with ``reform``, start ``work`` (``(map_fun, tf_args)``) on every node; the Cluster.
 
     ``reserve()`` waits for the executors a barrier node job needs (before each attempt);
     ``launcher`` starts the node supervisors (default: a Spark job). Whatever fails on the way
-    is raised after the nodes and the server are torn down.
+    is raised after the nodes and the server are torn down. ``on_end()`` runs once the running
+    cluster's nodes stop (:class:`Cluster`), not when it cannot start.
     """
     from pyspark import cloudpickle
 
@@ -74,4 +76,4 @@ def start_cluster(
     except BaseException:
         attempts.gang.teardown(grace_secs=0)
         raise
-    return Cluster(sc, input_mode, attempts, feeds, streams, log)
+    return Cluster(sc, input_mode, attempts, feeds, streams, log, on_end)

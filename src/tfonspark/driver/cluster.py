@@ -53,13 +53,15 @@ class Cluster:
         feeds: Feeds,
         streams: Streams,
         reports: ReportLog,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
-        """Made by :func:`tfonspark.driver.assemble.start_cluster` (``tfonspark.run``), which starts it."""
+        """Made and started by :func:`.assemble.start_cluster`; ``on_end()`` runs once after the nodes
+        stop, also on errors (``run(data_service=N)``'s service)."""
         self.sc = sc
         self.input_mode = input_mode
         self.cluster_id = attempts.gang.config.cluster_id
         self._attempts, self._feeds, self._streams, self._reports = attempts, feeds, streams, reports
-        self._closers: list[Callable[[], None]] = []
+        self._on_end = on_end
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -89,8 +91,7 @@ class Cluster:
 
     @property
     def server_restarts(self) -> list[ServerRestart]:
-        """Workers' TF servers restarted in place in this attempt (PS training, docs/ps.md), oldest
-        first: ``cluster.server_restarts[0].down_s``."""
+        """Workers' TF servers restarted in place (docs/ps.md), oldest first: ``server_restarts[0].down_s``."""
         return list(self._attempts.gang.server_restarts)
 
     @property
@@ -266,7 +267,7 @@ class Cluster:
         try:
             finish(self._attempts, self._streams, self._close_feed, ssc, grace_secs, timeout)
         finally:
-            self._run_closers()
+            self._end()
 
     def stop(self, grace_secs: float = 2.0) -> None:
         """Stop every node now, without waiting for the chief/workers to finish (no restart).
@@ -286,27 +287,12 @@ class Cluster:
         try:
             stop_now(self._attempts, self._streams, grace_secs)
         finally:
-            self._run_closers()
+            self._end()
 
-    def add_closer(self, close: Callable[[], None]) -> None:
-        """Call ``close()`` once, after the nodes stop (``shutdown``/``stop``, even when they raise).
-
-        For what runs beside the cluster and must end with it: ``run(data_service=N)``'s service.
-
-        Parameters
-        ----------
-        close
-            Called with no argument; closers run last added first.
-
-        Examples
-        --------
-        >>> cluster.add_closer(svc.shutdown)  # doctest: +SKIP
-        """
-        self._closers.append(close)
-
-    def _run_closers(self) -> None:
-        while self._closers:
-            self._closers.pop()()
+    def _end(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
 
     def _close_feed(self) -> None:
         """End the feed (SPARK mode): the chief/workers' DataFeeds see its end."""

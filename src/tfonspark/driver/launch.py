@@ -38,9 +38,22 @@ if TYPE_CHECKING:
 
     from .plan import NodeRole
 
-__all__ = ["ClusterOptions", "RunOptions", "SettingKeywords", "driver_host", "prepare", "split_options", "start"]
+__all__ = [
+    "Begin",
+    "ClusterOptions",
+    "RunOptions",
+    "SettingKeywords",
+    "driver_host",
+    "prepare",
+    "split_options",
+    "start",
+]
 
 _log = logging.getLogger(__name__)
+
+#: :func:`prepare`'s result: ``begin(data_target, on_end)`` starts the nodes, told the tf.data
+#: service's target (None: none); the cluster calls ``on_end()`` (None: nothing) once they stop.
+Begin = Callable[[str | None, Callable[[], None] | None], Cluster]
 _LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
 
 
@@ -145,7 +158,7 @@ def start(
         tfos_face=tfos_face,
         driver_tasks=driver_tasks,
     )
-    return begin(None)
+    return begin(None, None)
 
 
 def prepare(
@@ -160,9 +173,9 @@ def prepare(
     launcher: Launcher | None = None,
     tfos_face: bool = False,
     driver_tasks: Mapping[str, Sequence[str]] | None = None,
-) -> Callable[[str | None], Cluster]:
-    """As :func:`start`, but checked and planned only: ``begin(data_target)`` starts the nodes,
-    telling them the tf.data service's dispatcher (``ctx.data_service``; None: no service)."""
+) -> Begin:
+    """As :func:`start`, but checked and planned only: ``begin(data_target, on_end)`` starts the
+    nodes, telling them the tf.data service's dispatcher (``ctx.data_service``; None: no service)."""
     plan = _plan(sc, map_fun, tf_args, num_executors, options, chosen, tfos_face)
     if driver_tasks:
         plan = dataclasses.replace(plan, driver_tasks=dict(driver_tasks))
@@ -175,9 +188,11 @@ def _launch(
     on_report: Callable[[Report], Any] | None,
     program: tuple[Callable[[Any, Any], Any], Any],
     data_target: str | None,
+    on_end: Callable[[], None] | None,
 ) -> Cluster:
-    """Start ``plan``'s nodes (a barrier stage where Spark has one), told the tf.data service's target."""
-    plan = dataclasses.replace(plan, data_target=data_target)
+    """Start ``plan``'s nodes (a barrier stage where Spark has one), told the tf.data service's target;
+    the cluster calls ``on_end()`` once its nodes stop (the service beside it)."""
+    plan = dataclasses.replace(plan, data_target=data_target, on_end=on_end)
     use_barrier = launcher is None and barrier_supported(plan.sc)
     launcher = launcher or SparkLauncher(plan.sc, barrier=use_barrier)
     reserve = plan.reserver() if use_barrier else None
@@ -198,6 +213,7 @@ class _Plan:
     tfos_face: bool
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     driver_tasks: Mapping[str, Sequence[str]] = field(default_factory=dict)  #: tasks the driver holds
+    on_end: Callable[[], None] | None = None  #: ``Cluster``'s, once its nodes stop
     data_target: str | None = None  #: ``NodeConfig.data_service``
 
     @property
@@ -310,6 +326,7 @@ def _begin(
         launcher=launcher,
         max_restarts=plan.options.max_restarts,
         reserve=reserve,
+        on_end=plan.on_end,
     )
 
 

@@ -106,4 +106,4 @@ def run(
     )
     if cluster_options.data_service:
         return start_beside(sc, cluster_options, chosen, launcher, begin, num_executors)
-    return begin(None)
+    return begin(None, None)

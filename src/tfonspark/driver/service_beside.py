@@ -4,14 +4,13 @@ The service (:func:`tfonspark.data_service`: the dispatcher on the driver, ``N``
 executors of their own) starts first, so the nodes' ``NodeConfig.data_service`` can name its
 target (``ctx.data_service``, ``ctx.distribute_dataset``). The cluster then starts as
 :func:`tfonspark.run` always does; if it cannot, the service stops before the error goes on.
-Once running, the cluster stops the service after its nodes (``Cluster.add_closer``), in
+Once running, the cluster stops the service after its nodes (``begin``'s ``on_end``), in
 ``shutdown()`` and ``stop()`` alike, also when they raise: no worker process or port is left.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, ReservationTimeout
@@ -19,7 +18,7 @@ from ..settings import Settings
 from .cluster import SPARK_SETTINGS, Cluster
 from .data_service import DataService, data_service
 from .jobs import wait_for_slots
-from .launch import ClusterOptions
+from .launch import Begin, ClusterOptions
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -36,10 +35,10 @@ def start_beside(
     options: ClusterOptions,
     chosen: Settings,
     launcher: Launcher | None,
-    begin: Callable[[str | None], Cluster],
+    begin: Begin,
     nodes: int,
 ) -> Cluster:
-    """Start ``options.data_service`` tf.data workers, then the cluster (``begin(target)``), tied together.
+    """Start ``options.data_service`` tf.data workers, then the cluster (``begin(target, on_end)``), tied together.
 
     On Spark (no ``launcher``) it first waits, up to ``reservation_timeout``, until there are
     task slots for both: the ``nodes`` executors of the cluster and the service's workers.
@@ -60,11 +59,10 @@ def start_beside(
         sc, count, settings=chosen, reservation_timeout=float(options.reservation_timeout), launcher=launcher
     )
     try:
-        cluster = begin(svc.target)
+        cluster = begin(svc.target, lambda: _stop(svc, "its training cluster stopped"))
     except BaseException:
         _stop(svc, "the training cluster did not start")
         raise
-    cluster.add_closer(lambda: _stop(svc, f"cluster {cluster.cluster_id[:12]} stopped"))
     _log.info("tf.data service %s beside cluster %s", svc.target, cluster.cluster_id[:12])
     return cluster
 
