@@ -17,6 +17,10 @@ before any registers:
 
 ``shutdown()`` stops the nodes (SIGTERM, SIGKILL after the grace period) and then the
 dispatcher (TF 2.21's ``DispatchServer.stop()``), so no process is left and no port accepts.
+
+``run(..., data_service=N, data_service_on="nodes")`` needs the dispatcher alone
+(:func:`reserve_dispatcher`, then :func:`dispatcher_for` with the addresses the TF nodes
+reported): its workers live in the nodes' TF processes and end with them.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 
     from .launcher import Launcher
 
-__all__ = ["DataService", "data_service"]
+__all__ = ["DataService", "data_service", "dispatcher_for", "reserve_dispatcher"]
 
 _log = logging.getLogger(__name__)
 _POLL_SECS = 0.05
@@ -62,9 +66,11 @@ class DataService:
     ...     ds = svc.distribute(tf.data.Dataset.range(10), job_name="train")
     """
 
-    def __init__(self, cluster: Cluster, dispatcher: Any, target: str, worker_addresses: list[str]) -> None:
+    def __init__(self, cluster: Cluster | None, dispatcher: Any, target: str, worker_addresses: list[str]) -> None:
         """Made by :func:`data_service`, once the workers and the dispatcher run."""
-        self.cluster = cluster  #: the workers' :class:`~tfonspark.Cluster` (``cluster_info``, ``reports``)
+        #: the workers' :class:`~tfonspark.Cluster` (``cluster_info``, ``reports``); None where they
+        #: run in a training cluster's nodes (:func:`dispatcher_for`)
+        self.cluster = cluster
         self.dispatcher = dispatcher  #: TF's ``DispatchServer``, in this process
         self.target = target  #: ``"grpc://host:port"`` of the dispatcher
         self.worker_addresses = worker_addresses  #: ``["host:port", ...]`` of the workers, by task index
@@ -124,7 +130,8 @@ class DataService:
         >>> for batch in svc.watch(svc.distribute(ds)):  # doctest: +SKIP
         ...     train_step(batch)
         """
-        return watched(dataset, self.cluster.server.failures, poll_secs)
+        cluster = self.cluster
+        return watched(dataset, cluster.server.failures if cluster else list, poll_secs)
 
     def shutdown(self, grace_secs: float = 2.0) -> None:
         """Stop every worker (SIGTERM, SIGKILL after ``grace_secs``), then the dispatcher; idempotent.
@@ -145,7 +152,8 @@ class DataService:
         self._stopped = True
         started = time.monotonic()
         try:
-            self.cluster.stop(grace_secs)
+            if self.cluster is not None:
+                self.cluster.stop(grace_secs)
         finally:
             self.dispatcher.stop()
             _log.info("tf.data service stopped in %.1fs", time.monotonic() - started)
@@ -217,8 +225,7 @@ def data_service(
         raise ConfigError(f"data_service needs num_workers >= 1. Received: {num_workers!r}")
     chosen = (settings or Settings()).merged(setting_keywords)
     options = ClusterOptions(input_mode=InputMode.TENSORFLOW, reservation_timeout=reservation_timeout)
-    handover = PortHandover(reserve_port())  # the dispatcher's port, held until its server binds it
-    address = chief_address(driver_host(sc), handover.port)
+    handover, address = reserve_dispatcher(sc)
     args = DataWorkerArgs(address, heartbeat_interval_ms, wait_secs=float(reservation_timeout))
     try:
         # the dispatcher as a driver-held task: a serve-only node, so its supervisor restarts a killed
@@ -235,6 +242,34 @@ def data_service(
         return _serve(cluster, handover, address, _Dispatch(work_dir, worker_timeout_ms), float(reservation_timeout))
     finally:
         handover.release()  # no-op once the dispatcher took the port
+
+
+def reserve_dispatcher(sc: SparkContext) -> tuple[PortHandover, str]:
+    """The dispatcher's port, reserved here until its server binds it, and its ``host:port`` for executors.
+
+    Examples
+    --------
+    >>> handover, address = reserve_dispatcher(sc)  # doctest: +SKIP
+    """
+    handover = PortHandover(reserve_port())
+    return handover, chief_address(driver_host(sc), handover.port)
+
+
+def dispatcher_for(handover: PortHandover, address: str, workers: list[str]) -> DataService:
+    """A service whose workers run elsewhere (the TF nodes): its dispatcher, told ``workers``' addresses.
+
+    Starts the ``DispatchServer`` on ``handover``'s port (:func:`reserve_dispatcher`); its
+    ``shutdown()`` stops the dispatcher only.
+
+    Examples
+    --------
+    >>> svc = dispatcher_for(handover, address, ["10.0.0.5:41234"])  # doctest: +SKIP
+    """
+    try:
+        dispatcher = _dispatcher(handover, workers, _Dispatch())
+    finally:
+        handover.release()
+    return DataService(None, dispatcher, f"grpc://{address}", list(workers))
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class ClusterOptions:
     coordinator: bool = False
     debug: Debug | None = None
     data_service: int = 0  #: executors reserved for tf.data service workers (driver/service_beside.py)
+    data_service_on: str = "executors"  #: where those workers run: "executors" of their own, or "nodes"
 
 
 class SettingKeywords(TypedDict, total=False):
@@ -115,6 +116,7 @@ class RunOptions(SettingKeywords, total=False):
     coordinator: bool
     debug: Debug | None
     data_service: int
+    data_service_on: str
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ClusterOptions))

@@ -14,7 +14,7 @@ from ..settings import Settings
 from .cluster import Cluster
 from .launch import RunOptions, prepare, split_options
 from .reports import Report
-from .service_beside import start_beside
+from .service_beside import node_program, start_beside
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -85,7 +85,10 @@ def run(
         ``data_service`` (0): that many more executors run tf.data service workers, with the
         dispatcher on the driver, started before the nodes and stopped with the cluster;
         ``map_fun`` reads it with ``ctx.distribute_dataset(ds)`` (``ctx.data_service``: its
-        target; docs/data_service.md).
+        target; docs/data_service.md). ``data_service_on`` (``"executors"``): with ``"nodes"``
+        no executor is added; instead the first ``data_service`` nodes each run a worker in
+        their TF process beside ``map_fun`` (not with ``coordinator``, ``max_restarts`` or
+        ``driver_ps_nodes``).
         Then every field of ``Settings`` by name (``heartbeat_timeout=30``):
         a shorthand merged into ``settings``; giving one both ways is a ConfigError.
 
@@ -101,8 +104,9 @@ def run(
     """
     cluster_options, by_name = split_options(options)
     chosen = (settings or Settings()).merged(by_name)
+    program = node_program(map_fun, cluster_options, num_executors)  # data_service_on="nodes": a worker beside
     begin = prepare(
-        sc, map_fun, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher
+        sc, program, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher
     )
     if cluster_options.data_service:
         return start_beside(sc, cluster_options, chosen, launcher, begin, num_executors)

@@ -17,6 +17,11 @@ parent-death watchdog) running. The supervisor ends it with SIGTERM when the ser
 service: a dataset that calls back into Python (``py_function``, ``numpy_function``,
 ``from_generator``) cannot run on a worker, and TF 2.21 only says so while iterating
 (``Could not find callback with key=pyfunc_0 in the registry``).
+
+:class:`OnNodes` is ``run(..., data_service=N, data_service_on="nodes")``'s ``map_fun``: the
+first ``N`` TF nodes each run a ``WorkerServer`` in their own TF process, beside ``map_fun``, on
+a port the node reserves and reports (:data:`ADDRESS`) so the driver can start the dispatcher
+with every worker's address. It lives and dies with the node's TF process.
 """
 
 from __future__ import annotations
@@ -30,15 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, NodeFailed
-from .server import ServerNode, pending_handovers, release_handovers, servers_accepting
+from ..host import reserve_port
+from .server import PortHandover, ServerNode, pending_handovers, release_handovers, servers_accepting
 
 __all__ = [
+    "ADDRESS",
     "PYTHON_OPS",
     "REGISTERED",
     "DataWorkerArgs",
+    "OnNodes",
     "check_serializable",
     "distribute",
     "python_ops",
+    "serve_beside",
     "serve_data",
     "split_address",
     "watched",
@@ -60,6 +69,8 @@ _INSTEAD = (
 _SERVE_POLL_SECS = 1.0
 #: the key of the report a data worker sends once the dispatcher has registered it
 REGISTERED = "tfonspark.data_worker"
+#: the key of the report a worker in a TF node sends with its address, before the dispatcher runs
+ADDRESS = "tfonspark.data_worker_address"
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,58 @@ def serve_data(args: DataWorkerArgs, ctx: ServerNode) -> None:
             time.sleep(_SERVE_POLL_SECS)
     finally:
         server.stop()
+
+
+@dataclass(frozen=True)
+class OnNodes:
+    """``map_fun`` of a cluster whose first ``workers`` nodes also run a tf.data worker (picklable).
+
+    Node ``executor_id < workers`` reserves a port, reports ``{ADDRESS: "host:port"}``, waits for
+    the dispatcher (``ctx.data_service``; the driver starts it once every such node reported),
+    starts a ``WorkerServer`` there, then runs ``map_fun``; the server stops when ``map_fun``
+    ends, and with the TF process in any case. The other nodes run ``map_fun`` alone.
+    """
+
+    map_fun: Callable[[Any, Any], Any]
+    workers: int
+    wait_secs: float = 600.0  #: how long to wait for the dispatcher to listen
+
+    def __call__(self, args: Any, ctx: Any) -> Any:
+        """Run ``map_fun(args, ctx)``, with a tf.data worker beside it on the first ``workers`` nodes."""
+        if ctx.executor_id >= self.workers:
+            return self.map_fun(args, ctx)
+        server = serve_beside(ctx, self.wait_secs)
+        try:
+            return self.map_fun(args, ctx)
+        finally:
+            server.stop()
+
+
+def serve_beside(ctx: Any, wait_secs: float) -> Any:
+    """A ``WorkerServer`` in this TF process for the dispatcher at ``ctx.data_service``, registered.
+
+    The port is reserved here and reported (:data:`ADDRESS`) first: the driver gives the
+    dispatcher every worker's address before any registers (FILE/DATA/HINT sharding need them).
+    """
+    import tensorflow as tf
+
+    dispatcher = str(ctx.data_service).split("://", 1)[-1]
+    host = split_address(ctx.cluster_spec[ctx.job_name][ctx.task_index])[0]
+    handover = PortHandover(reserve_port())
+    address = f"[{host}]:{handover.port}" if ":" in host else f"{host}:{handover.port}"
+    try:
+        ctx.report({ADDRESS: address})
+        _wait_dispatcher(DataWorkerArgs(dispatcher, wait_secs=wait_secs))
+        config = tf.data.experimental.service.WorkerConfig(
+            dispatcher_address=dispatcher, worker_address=address, port=handover.port
+        )
+        handover.share_with_server()  # TF's gRPC server binds the reserved port beside the reservation
+        server = tf.data.experimental.service.WorkerServer(config)
+    finally:
+        handover.release()
+    _log.info("tf.data worker %s serving beside this node's map_fun, dispatcher %s", address, dispatcher)
+    ctx.report({REGISTERED: address})
+    return server
 
 
 def _wait_dispatcher(args: DataWorkerArgs) -> None:

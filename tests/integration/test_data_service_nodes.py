@@ -1,0 +1,60 @@
+"""``run(..., data_service=2, data_service_on="nodes")`` on real Spark: the workers live in the TF nodes.
+
+The session's ``local-cluster[2,1,1024]`` has two task slots, both taken by the two MWMS nodes:
+with executors of their own the service would need two more. Each node's TF process runs a
+``WorkerServer`` beside ``map_fun``; both nodes read one ``distributed_epoch`` job (each element
+exactly once across them, counted) and one ``DATA``-sharded job (which works only if the
+dispatcher was told every worker's address). After ``shutdown()``: no node process, and neither
+the dispatcher's nor a worker's port accepts.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import tfonspark
+from tfonspark.tfprocess.data_worker import ADDRESS
+from tfonspark.tfprocess.server import servers_accepting
+
+from .conftest import by_value
+
+by_value(__name__)
+
+N = 60
+
+
+def _read_beside(args, ctx):
+    """Read two jobs from the service whose workers run in these nodes; report what was read."""
+    from tfonspark import distribute
+
+    strategy = distribute.strategy()  # MWMS first: the in-process worker must not get in its way
+    import tensorflow as tf
+
+    def sync():  # MWMS's all-reduce as a barrier: no node stops its worker while the other still reads
+        return int(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), axis=None))
+
+    sync()
+    epoch = [int(x) for x in ctx.distribute_dataset(tf.data.Dataset.range(N)).as_numpy_iterator()]
+    data = tf.data.experimental.service.ShardingPolicy.DATA
+    sharded = [int(x) for x in ctx.distribute_dataset(tf.data.Dataset.range(N), data).as_numpy_iterator()]
+    ctx.report({"epoch": epoch, "sharded": sharded, "target": ctx.data_service, "nodes": sync()})
+
+
+def test_workers_in_the_tf_nodes_need_no_extra_slots(sc, no_leftovers):
+    began = time.monotonic()
+    cluster = tfonspark.run(sc, _read_beside, None, 2, data_service=2, data_service_on="nodes", reservation_timeout=60)
+    up = time.monotonic()
+    cluster.shutdown(timeout=120)
+    print(
+        f"run(data_service=2, data_service_on='nodes'): up {up - began:.1f}s, read + shutdown {time.monotonic() - up:.1f}s"
+    )
+    reports = [r.metrics for r in cluster.reports if "epoch" in r.metrics]
+    assert len(reports) == 2 and {r["nodes"] for r in reports} == {2}
+    for key in ("epoch", "sharded"):
+        counts = collections.Counter(x for r in reports for x in r[key])
+        assert counts == collections.Counter(range(N)), (key, [len(r[key]) for r in reports], counts)
+    print("distributed_epoch / DATA read by the 2 nodes:", [(len(r["epoch"]), len(r["sharded"])) for r in reports])
+    workers = sorted(r.metrics[ADDRESS] for r in cluster.reports if ADDRESS in r.metrics)
+    addresses = {"dispatcher": [reports[0]["target"].split("://")[1]], "worker": workers}
+    assert len(workers) == 2 and not any(servers_accepting(addresses, ("dispatcher", "worker")).values())
