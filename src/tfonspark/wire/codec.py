@@ -186,8 +186,8 @@ class Scratch:
             return None
         if (
             set(map(type, values)) != {np.ndarray}
-            or set(map(_shape, values)) != {first.shape}
             or set(map(_dtype, values)) != {first.dtype}
+            or not _same_shapes(values, first.shape)
         ):
             return None  # np.asarray promotes mixed dtypes or names the ragged row
         need = len(values) * first.nbytes
@@ -206,6 +206,14 @@ class Scratch:
 
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
+_ndim = operator.attrgetter("ndim")
+
+
+def _same_shapes(values: Sequence[np.ndarray], shape: tuple[int, ...]) -> bool:
+    """Every array has ``shape`` (for 1-D arrays, ``len`` and ``ndim`` are cheaper than ``shape``)."""
+    if len(shape) == 1:
+        return set(map(len, values)) == {shape[0]} and set(map(_ndim, values)) == {1}
+    return set(map(_shape, values)) == {shape}
 
 
 def _column(
@@ -236,10 +244,26 @@ def _column(
     return arr
 
 
+def _load_native() -> Any:
+    """The optional C packer (``_pack.c``), or None where it was not built (no C compiler)."""
+    try:
+        from . import _pack
+    except ImportError:
+        return None
+    return _pack
+
+
+#: the C packer of rows of floats/ints (``_pack.c``: ~1.5 ns a value, struct ~11), or None: then,
+#: and wherever it meets anything unusual (it says so and writes nothing that counts), the
+#: pure-Python packer below decides, so results and errors are the same with or without it.
+#: Tests set it to None to run the pure-Python packer.
+native: Any = _load_native()
+
 _SEQUENCES = frozenset({list, tuple})
 #: numpy's dtype for lists of Python floats / ints -> the struct code that packs them strictly
 #: ("d" takes floats, ints, bools and numpy numbers, never str or None; "q" takes no floats)
-_STRUCT_CODES = {np.dtype(np.float64): "d", np.dtype(np.int64): "q"}
+_F8, _I8 = np.dtype(np.float64), np.dtype(np.int64)
+_STRUCT_CODES = {_F8: "d", _I8: "q"}
 #: rows at least this wide are packed one struct call per row, narrower ones in blocks
 _MIN_ROW_WIDTH = 16
 _BLOCK = 1024
@@ -262,16 +286,16 @@ def _pack_sequences(values: Sequence[Any], name: str | int, scratch: Scratch | N
     code = _STRUCT_CODES.get(probe.dtype)
     if code is None or probe.size == 0:
         return None
-    rows = _innermost_rows(values, probe.shape)
-    if rows is None:
-        return None
-    width = probe.shape[-1]
-    need = len(rows) * width * probe.itemsize
+    need = len(values) * probe.size * probe.itemsize
     out = scratch.buffer(name, need) if scratch is not None else np.empty(need, np.uint8)
-    try:
-        _pack_into(out, rows, width, code)
-    except (struct.error, TypeError, OverflowError):
-        return None
+    if native is None or probe.ndim != 1 or not native.pack_column(out, values, None, 0, -1, probe.size, code):
+        rows = _innermost_rows(values, probe.shape)  # the pure-Python packer decides
+        if rows is None:
+            return None
+        try:
+            _pack_into(out, rows, probe.shape[-1], code)
+        except (struct.error, TypeError, OverflowError):
+            return None
     packed: np.ndarray = out.view(probe.dtype).reshape((len(values), *probe.shape))
     return packed
 
@@ -357,6 +381,51 @@ def _shape_of(value: Any) -> tuple[int, ...] | str:
         return _RAGGED
 
 
+def _native_columns(rows: Sequence[Any], names: list[str] | None, scratch: Scratch | None) -> list[Any] | None:
+    """The columns of tuple/list rows of numbers and flat lists/tuples of numbers, packed in C in
+    one pass over the rows per column, without transposing them; None (the caller packs the
+    rows in Python) without the C packer, or where any row or value is not like the first."""
+    first = rows[0]
+    rowtype = type(first)
+    if native is None or type(rows) not in _SEQUENCES or not _plain_row_type(rowtype):
+        return None
+    specs = [_number_spec(value) for value in first]
+    columns = []
+    for j, spec in enumerate(specs):
+        if spec is None:
+            return None
+        dtype, width = spec
+        need = len(rows) * max(width, 1) * dtype.itemsize
+        out = scratch.buffer(names[j] if names else j, need) if scratch is not None else np.empty(need, np.uint8)
+        if not native.pack_column(out, rows, rowtype, len(first), j, width, _STRUCT_CODES[dtype]):
+            return None
+        columns.append(out.view(dtype).reshape((len(rows), width) if width else (len(rows),)))
+    return columns
+
+
+def _plain_row_type(cls: type) -> bool:
+    """A list, tuple or tuple subclass (``Row``, a namedtuple) that ``zip`` and ``len`` see as a tuple."""
+    return cls in _SEQUENCES or (
+        issubclass(cls, tuple) and cls.__iter__ is tuple.__iter__ and cls.__len__ is tuple.__len__
+    )
+
+
+def _number_spec(value: Any) -> tuple[np.dtype, int] | None:
+    """(dtype, width) of a value that ``_pack.c`` packs as the pure-Python path would: a float or an
+    int (width 0; numpy's float64/int64 for a column of them), or a non-empty flat list/tuple of
+    numbers (:func:`_pack_sequences`'s dtype); None for anything else."""
+    cls = type(value)
+    if cls is float or cls is int:
+        return _F8 if cls is float else _I8, 0
+    if cls not in _SEQUENCES or not value:
+        return None
+    try:
+        probe = np.asarray(value)
+    except Exception:  # whatever numpy makes of it (ragged, recursive), the pure-Python path decides
+        return None
+    return (probe.dtype, len(value)) if probe.ndim == 1 and probe.dtype in _STRUCT_CODES else None
+
+
 def _uniform_sequences(rows: Sequence[Any], width: int) -> bool:
     """All rows are tuples/lists (or subclasses, like ``Row``) of ``width`` fields (C-speed checks)."""
     return all(issubclass(t, (tuple, list)) for t in set(map(type, rows))) and set(map(len, rows)) == {width}
@@ -404,13 +473,18 @@ def pack_rows(
         )
     if isinstance(first, (tuple, list)):
         width = len(first)
-        if not _uniform_sequences(rows, width):
-            raise _ragged_rows(rows, width, partition, first_row)
         fields = getattr(first, "__fields__", None)
-        transposed: list[Any] = list(zip(*rows))
         labels: list[str] | None = list(fields) if fields else None
+        columns = _native_columns(rows, labels, scratch)
+        if columns is None:
+            if not _uniform_sequences(rows, width):
+                raise _ragged_rows(rows, width, partition, first_row)
+            transposed: list[Any] = list(zip(*rows))
+            columns = [
+                _column(c, labels[j] if labels else j, partition, first_row, scratch) for j, c in enumerate(transposed)
+            ]
         return ColumnBatch(
-            [_column(c, labels[j] if labels else j, partition, first_row, scratch) for j, c in enumerate(transposed)],
+            columns,
             "tuple",
             labels,
             (OTHER if labels else _kind(first)) + "".join(map(_kind, first)),  # a Row stays a Row-like tuple

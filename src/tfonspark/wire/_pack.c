@@ -1,0 +1,184 @@
+/* Optional accelerator for tfonspark.wire.codec: one column of rows of Python numbers, packed.
+ *
+ * pack_column(out, rows, rowtype, fields, field, width, code) -> bool
+ *   out      a writable C-contiguous buffer of at least len(rows) * max(width, 1) * 8 bytes
+ *   rows     a list or tuple
+ *   field    -1: each row is the value itself; else each row must be of exactly `rowtype` (a
+ *            list, a tuple or a tuple subclass such as pyspark's Row) with `fields` items, and
+ *            the value is its item `field`
+ *   width    0: each value is one number; else an exact list or tuple of `width` numbers
+ *   code     "d" (float64) or "q" (int64)
+ *
+ * Writes the values in native byte order, the bytes numpy/struct write for them, and returns
+ * True. Returns False (what it wrote does not count) at the first thing it does not handle: a
+ * row or value of another type or length; a number that is not an exact float or int (bool,
+ * numpy scalar, str, None, ...); a float for "q"; an int beyond int64. The caller then packs
+ * the rows in pure Python, which gives the result or the error (with its row number), so
+ * results and messages are the pure-Python ones. Bad arguments (a short or read-only buffer,
+ * an unknown code) raise ValueError/TypeError.
+ *
+ * Safety: the GIL is held throughout and no Python code runs while the rows are read (exact
+ * floats and ints convert without calling back into Python), so no row can change under us;
+ * items are borrowed from `rows`, which the caller keeps alive. Every write is inside the
+ * buffer length checked up front.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+_Static_assert(sizeof(double) == 8 && sizeof(long long) == 8, "float64 and int64 are 8 bytes");
+
+/* One number as a double (code "d") or an int64 (code "q") into dst; -1 to fall back. */
+static int
+pack_number(PyObject *v, int as_double, char *dst)
+{
+    int overflow = 0;
+    long long i;
+    double d;
+
+    if (PyFloat_CheckExact(v)) {
+        if (!as_double) {
+            return -1;
+        }
+        d = PyFloat_AS_DOUBLE(v);
+        memcpy(dst, &d, sizeof d);
+        return 0;
+    }
+    if (!PyLong_CheckExact(v)) {
+        return -1;
+    }
+    i = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (i == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (as_double) {
+        d = PyLong_AsDouble(v); /* correctly rounded, as numpy and struct convert it */
+        memcpy(dst, &d, sizeof d);
+    }
+    else {
+        memcpy(dst, &i, sizeof i);
+    }
+    return 0;
+}
+
+/* The value of one row: the row itself, or its item `field`; NULL to fall back. */
+static PyObject *
+value_of(PyObject *row, PyObject *rowtype, Py_ssize_t fields, Py_ssize_t field)
+{
+    if (field < 0) {
+        return row;
+    }
+    if ((PyObject *)Py_TYPE(row) != rowtype) {
+        return NULL;
+    }
+    if (PyList_Check(row)) {
+        return PyList_GET_SIZE(row) == fields ? PyList_GET_ITEM(row, field) : NULL;
+    }
+    if (PyTuple_Check(row)) {
+        return PyTuple_GET_SIZE(row) == fields ? PyTuple_GET_ITEM(row, field) : NULL;
+    }
+    return NULL;
+}
+
+/* Pack every row's value into buf (the caller checked its size); 0, or -1 to fall back. */
+static int
+pack_all(char *buf, PyObject *rows, PyObject *rowtype, Py_ssize_t fields, Py_ssize_t field, Py_ssize_t width,
+         int as_double)
+{
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(rows);
+    PyObject **items = PySequence_Fast_ITEMS(rows); /* fixed: no Python code runs below */
+
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = value_of(items[r], rowtype, fields, field);
+        if (value == NULL) {
+            return -1;
+        }
+        if (width == 0) {
+            if (pack_number(value, as_double, buf + r * 8) < 0) {
+                return -1;
+            }
+            continue;
+        }
+        if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != width) {
+            return -1;
+        }
+        PyObject **numbers = PySequence_Fast_ITEMS(value);
+        char *dst = buf + r * width * 8;
+        for (Py_ssize_t i = 0; i < width; i++) {
+            if (pack_number(numbers[i], as_double, dst + i * 8) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t fields, field, width;
+    int as_double, failed;
+    Py_buffer view;
+
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "pack_column(out, rows, rowtype, fields, field, width, code) takes 7 arguments");
+        return NULL;
+    }
+    PyObject *out = args[0], *rows = args[1], *rowtype = args[2], *code = args[6];
+    if ((fields = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((field = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((width = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (width < 0 || field >= fields || (field >= 0 && !PyType_Check(rowtype))) {
+        PyErr_SetString(PyExc_ValueError, "pack_column: bad width, field or rowtype");
+        return NULL;
+    }
+    if (!PyUnicode_Check(code) || (PyUnicode_CompareWithASCIIString(code, "d") != 0 &&
+                                   PyUnicode_CompareWithASCIIString(code, "q") != 0)) {
+        PyErr_SetString(PyExc_ValueError, "pack_column: code must be \"d\" or \"q\"");
+        return NULL;
+    }
+    as_double = PyUnicode_CompareWithASCIIString(code, "d") == 0;
+    if (!PyList_CheckExact(rows) && !PyTuple_CheckExact(rows)) {
+        Py_RETURN_FALSE;
+    }
+    if (PyObject_GetBuffer(out, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    Py_ssize_t per_row = (width > 0 ? width : 1) * 8;
+    if (PySequence_Fast_GET_SIZE(rows) > view.len / per_row) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pack_column: buffer too small for the rows");
+        return NULL;
+    }
+    failed = pack_all((char *)view.buf, rows, rowtype, fields, field, width, as_double);
+    PyBuffer_Release(&view);
+    if (failed) {
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"pack_column", (PyCFunction)(void (*)(void))pack_column, METH_FASTCALL,
+     "pack_column(out, rows, rowtype, fields, field, width, code) -> bool: one column of rows of "
+     "floats/ints into out; False where the pure-Python packer must decide."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pack", "C packing of rows of Python numbers (optional).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__pack(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,6 @@
+"""The optional C packer of rows of Python numbers (``_pack.c``); see its header comment."""
+
+from typing import Any
+
+def pack_column(out: Any, rows: Any, rowtype: type | None, fields: int, field: int, width: int, code: str, /) -> bool:
+    """One column of ``rows`` into ``out`` as float64 ("d") or int64 ("q"); False to fall back."""

@@ -1,0 +1,184 @@
+"""The optional C packer (``wire/_pack.c``) changes nothing but speed.
+
+Every case is packed twice, with the C packer and with ``codec.native = None`` (the pure-Python
+packer, as where no C compiler built it): the frames must be byte-identical, and the errors of
+the same type with the same message, column, partition and row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import sys
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfonspark.errors import InputError
+from tfonspark.wire import codec
+from tfonspark.wire.codec import Scratch, encode_batch, pack_rows
+
+needs_native = pytest.mark.skipif(codec.native is None, reason="the C packer was not built here")
+Point = namedtuple("Point", "x y")
+
+
+def _frames(batches: Any) -> list[bytes]:
+    return [b"".join(bytes(memoryview(p).cast("B")) for p in encode_batch(batch)) for batch in batches]
+
+
+def _outcome(make: Any) -> tuple[Any, ...]:
+    """What ``make()`` gives: its batches as frame bytes, or its error and where it points."""
+    try:
+        return ("frames", _frames(make()))
+    except (InputError, ValueError, TypeError, OverflowError) as exc:
+        where = tuple(getattr(exc, k, None) for k in ("column", "partition", "row"))
+        return ("error", type(exc), str(exc), where)
+
+
+def _both(make: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """``make``'s outcome with the C packer, checked equal to the pure-Python one."""
+    fast = _outcome(make)
+    with monkeypatch.context() as patch:
+        patch.setattr(codec, "native", None)
+        slow = _outcome(make)
+    assert fast == slow
+    return fast
+
+
+def _packed(rows: list[Any], scratch: bool = True) -> Any:
+    return lambda: [pack_rows(rows, 3, 100, Scratch() if scratch else None)]
+
+
+def _fed(rows: list[Any]) -> Any:
+    from tfonspark.executor.feeder import Feeder
+
+    return lambda: list(Feeder._row_batches(3, iter(rows)))
+
+
+W = [i / 7 for i in range(784)]
+
+CASES = [
+    [(list(W), i) for i in range(50)],
+    [(tuple(W), i) for i in range(50)],
+    [[list(W), float(i)] for i in range(50)],
+    [([i] * 32, i) for i in range(50)],  # int64
+    [([i, -1, 2**63 - 1, -(2**63)], i) for i in range(5)],  # int64's ends, and -1
+    [([1.0] * 4, 1), ([2**63] * 4, 1)],  # beyond int64 among floats
+    [([1] * 4, 1), ([2**63] * 4, 1)],  # beyond int64 among ints: numpy's uint64
+    [([1.5] * 4, 1), ([2**64] * 4, 1)],  # beyond uint64: an error
+    [([1.5] * 4, 1), ([10**400] * 4, 1)],  # beyond float64
+    [([1.5] * 4, 0), ([2**53 + 1, 2**62 + 3, -(2**60) - 1, 7], 1)],  # ints rounded to float64
+    [([1.5] * 4, 0), ([True, 2, 3.0, False], 1)],  # bools among floats
+    [([True] * 4, 0)] * 3,  # bools: bool
+    [([np.float32(1)] * 4, 0)] * 3,  # numpy scalars
+    [([1.0] * 4, 0), ([np.float64(2)] * 4, np.int64(1))],
+    [([1] * 4, 0), ([1, 2, 3.5, 4], 1)],  # a float after int rows
+    [([1.0] * 4, 0), ([1.0, None, 2.0, 3.0], 1)],  # None among numbers
+    [([1.0] * 4, 0), ([1.0, "x", 2.0, 3.0], 1)],  # a str
+    [([1.0] * 4, 0), ([1.0] * 3, 1)],  # ragged
+    [([1.0] * 4, 0), ([1.0] * 4, 1, 2)],  # ragged rows
+    [([1.0] * 4, 0), [[1.0] * 4, 1]],  # lists and tuples mix
+    [([1.0] * 4, 0), Point([1.0] * 4, 1)],
+    [Point([1.0] * 4, i) for i in range(10)],
+    [([float("nan"), float("inf"), -0.0, 5e-324], 0)] * 3,
+    [([], 0)] * 3,  # empty features
+    [([[1.0, 2.0]] * 3, 0)] * 3,  # nested lists: 2-D
+    [([1.0] * 4, 0.5), ([1.0] * 4, 1)],  # float labels then an int
+    [([1.0] * 4, 1), ([1.0] * 4, 0.5)],  # int labels then a float
+    [([1.0] * 4, 1), ([1.0] * 4, 2**63)],  # an int label beyond int64
+    [([1.0] * 4, 1), ([1.0] * 4, "x")],
+    [([1.0] * 4, 1), ([1.0] * 4, None)],
+    [([1.0] * 4, True), ([1.0] * 4, 1)],
+    [(1.0, 2, 3.0)] * 5,  # rows of scalars
+    [[1, 2], [3, 4.5]],
+    [(np.zeros(4), 1)] * 3,  # array rows
+    [("a", [1.0] * 4, {"k": 1})] * 2,
+    [{"x": [1.0] * 4, "y": 1}] * 3,
+    [1.0, 2.0, 3],
+]
+
+
+@needs_native
+@pytest.mark.parametrize("rows", CASES)
+def test_pack_rows_gives_the_same_frames_and_errors_with_and_without_the_c_packer(rows, monkeypatch):
+    _both(_packed(rows), monkeypatch)
+    _both(_packed(rows, scratch=False), monkeypatch)
+    _both(_fed(rows), monkeypatch)
+
+
+@needs_native
+def test_row_subclasses_pack_like_tuples(monkeypatch):
+    from pyspark.sql import Row
+
+    class Mine(list):
+        def __len__(self) -> int:
+            return 2
+
+    class Backwards(tuple):
+        def __iter__(self):
+            return iter(reversed(tuple.__iter__(self)))
+
+    _both(_packed([Row(features=[float(i)] * 8, label=i) for i in range(20)]), monkeypatch)
+    _both(_packed([Mine([[1.0] * 4, 1, 3])] * 3), monkeypatch)
+    _both(_packed([Backwards(([1.0] * 4, 1))] * 3), monkeypatch)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(40))
+def test_randomly_spoilt_chunks_give_the_same_frames_and_errors(seed, monkeypatch):
+    """Rows long enough for several chunks, a few values replaced by odd ones at random."""
+    rng = random.Random(seed)
+    width = rng.choice([3, 32, 784])
+    rows: list[Any] = [([rng.random() for _ in range(width)], i) for i in range(rng.choice([20, 2000]))]
+    odd = [None, "1", True, np.float32(1), 2**63, 2**70, 7, -1, [1.0], (), 1j, float("nan")]
+    for _ in range(rng.choice([0, 1, 3])):
+        r = rng.randrange(len(rows))
+        features, label = rows[r]
+        if rng.random() < 0.7:
+            features = list(features)
+            features[rng.randrange(width)] = rng.choice(odd)
+        else:
+            label = rng.choice(odd)
+        rows[r] = (tuple(features) if rng.random() < 0.3 else features, label)
+    outcome = _both(_fed(rows), monkeypatch)
+    assert outcome[0] == "error" or sum(len(f) for f in outcome[1]) > 0
+
+
+@needs_native
+def test_the_c_packer_checks_its_buffer_and_keeps_reference_counts():
+    rows = [([0.5, 2], 1)] * 4
+    value = rows[0][0][0]
+    before = (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(value))
+    out = np.zeros(4 * 2 * 8, np.uint8)
+    assert codec.native.pack_column(out, rows, tuple, 2, 0, 2, "d") is True
+    assert out.view(np.float64).tolist() == [0.5, 2.0] * 4
+    assert codec.native.pack_column(out, rows, tuple, 2, 1, 0, "q") is True
+    assert codec.native.pack_column(out, rows, tuple, 2, 0, 2, "q") is False  # 0.5 is no int64
+    assert codec.native.pack_column(out, rows, list, 2, 0, 2, "d") is False  # tuples, not lists
+    assert codec.native.pack_column(out, [0.5, 1, 2**64], None, 0, -1, 0, "d") is False
+    assert (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(value)) == before
+    with pytest.raises(ValueError, match="too small"):
+        codec.native.pack_column(out[:-1], rows, tuple, 2, 0, 2, "d")
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        codec.native.pack_column(bytes(64), rows, tuple, 2, 0, 2, "d")  # read-only
+    with pytest.raises(ValueError):
+        codec.native.pack_column(out, rows, tuple, 2, 0, 2, "f")
+    with pytest.raises(ValueError):
+        codec.native.pack_column(out, rows, tuple, 2, 2, 2, "d")  # no field 2
+
+
+def test_the_c_packer_is_built_where_a_c_compiler_is():
+    """``pip install`` builds it where it can (its absence would cost the speed silently)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the pure-Python packer is used")
+    assert codec.native is not None, "wire/_pack.c was not built: reinstall with `pip install -e .`"
+
+
+def test_without_the_c_packer_rows_pack_as_before(monkeypatch):
+    monkeypatch.setattr(codec, "native", None)
+    batch = pack_rows([([1.0, 2.0], 1), ([3.0, 4.0], 2)])
+    assert [c.tolist() for c in batch.columns] == [[[1.0, 2.0], [3.0, 4.0]], [1, 2]]
+    assert list(itertools.chain(*(c.dtype.str for c in batch.columns))) == list("<f8<i8")
