@@ -269,3 +269,44 @@ def test_next_batch_keeps_numpy_values_and_next_columns_stays_columnar():
     finally:
         server.close()
     assert isinstance(columns.columns[0], np.ndarray) and columns.columns[0].shape == (5, 2)
+
+
+# ---- inference results: one frame back per frame received -----------------------------------
+
+
+def test_results_of_one_received_frame_go_back_as_one_frame(monkeypatch):
+    """Reads of 64 rows from one 1,000-row frame are answered in one frame, in order, with the
+    values given (a reused result buffer included), the types kept (ints after floats), and
+    object results (strings) sent at once."""
+    from tfonspark.tfprocess import feedserver
+
+    from .test_feed_local import infer
+
+    answers: list[int] = []
+    answer = feedserver.Stream.answer
+    monkeypatch.setattr(feedserver.Stream, "answer", lambda self, b: (answers.append(b.count), answer(self, b))[1])
+    server = FeedServer(SECRET)
+    try:
+        feeder = feeder_for(server)
+        feed = DataFeed(server, train_mode=False)
+        task = Bg(infer, feeder, 0, [(float(i), i) for i in range(1000)])
+        buffer, read = np.empty(64, np.float64), 0
+        while read < 1000:
+            batch = feed.next_columns(64)
+            labels, read = batch.columns[1], read + batch.count
+            if labels[0] < 512:  # numpy results, in a buffer reused for every batch
+                buffer[: batch.count] = labels * 2
+                feed.batch_results(buffer[: batch.count])
+            elif labels[0] < 960:
+                feed.batch_results([int(v) * 2 for v in labels])  # ints after floats
+            else:
+                feed.batch_results([str(v) for v in labels])  # objects: answered at once
+        results = task.get(60)
+        close_feed(server)
+    finally:
+        server.close()
+    assert results == [float(i * 2) for i in range(512)] + [i * 2 for i in range(512, 960)] + [
+        str(i) for i in range(960, 1000)
+    ]
+    assert [type(r) for r in results[511:513]] == [float, int]
+    assert answers == [512, 448, 40]  # 16 reads: one frame per kind of result

@@ -27,6 +27,8 @@ from .localfeed import LocalFeeds
 __all__ = ["DataFeed", "feed_dataset"]
 
 _DRAIN_BATCH = 16_384  # rows per read while draining
+#: most result rows held back to travel as one frame (see ``DataFeed.batch_results``)
+_MAX_HELD_RESULTS = 65_536
 
 
 def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
@@ -118,7 +120,9 @@ class DataFeed:
         self.done_feeding = False
         self._pending: tuple[Stream, ColumnBatch, int] | None = None
         self._last: tuple[Stream | None, int] = (None, 0)
+        self._mid_frame = False  # the last read left rows of its received frame for the next
         self._lock = threading.Lock()  # held by every read (see the class docstring)
+        self._held = _HeldResults()
 
     # ---- reading -------------------------------------------------------------------------
     def _fill(self, stop_at_boundary: bool = False) -> bool:
@@ -203,6 +207,7 @@ class DataFeed:
             total += take
             self._pending = None if offset + take == batch.count else (s, batch, offset + take)
         self._last = (stream, total)
+        self._mid_frame = self._pending is not None and self._pending[0] is stream
         return _concat(parts) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:
@@ -363,11 +368,11 @@ class DataFeed:
             )
         if stream is None or n == 0:
             return
-        if isinstance(results, np.ndarray):
-            batch = ColumnBatch([results], "scalar")
+        batch = _results_batch(results)
+        if isinstance(stream, Stream):  # a feeder over a socket: one frame per received frame
+            self._held.add(stream, batch, flush=not self._mid_frame)
         else:
-            batch = pack_rows(list(results))
-        stream.answer(batch)
+            stream.answer(batch)
 
     def terminate(self) -> None:
         """Stop the feed early: queued data is dropped and feed tasks stop sending.
@@ -389,6 +394,7 @@ class DataFeed:
         (True, [])
         """
         self.server.terminate()  # first: it wakes a reader that holds the lock while waiting
+        self._held.flush()
         with self._lock:
             self.done_feeding = True
             self._pending = None  # the rest of a partly read batch is dropped too
@@ -459,6 +465,72 @@ class DataFeed:
         if batch.names is not None and batch.layout == "dict":
             return dict(zip(batch.names, batch.columns))
         return tuple(batch.columns)
+
+
+def _results_batch(results: Any) -> ColumnBatch:
+    """``batch_results``' argument as one column; a list of Python floats without numpy's type probe."""
+    if isinstance(results, np.ndarray):
+        return ColumnBatch([results], "scalar")
+    if type(results) is list and set(map(type, results)) == {float}:  # TFoS's ``preds.tolist()``
+        return ColumnBatch([np.fromiter(results, np.float64, len(results))], "scalar", None, "--")
+    return pack_rows(list(results))
+
+
+def _same_columns(a: ColumnBatch, b: ColumnBatch) -> bool:
+    """``a`` and ``b`` join into one batch without changing a value's type or shape."""
+    if (a.layout, a.names, a.kinds, len(a.columns)) != (b.layout, b.names, b.kinds, len(b.columns)):
+        return False
+    for x, y in zip(a.columns, b.columns):
+        if isinstance(x, np.ndarray) != isinstance(y, np.ndarray):
+            return False
+        if isinstance(x, np.ndarray) and (x.dtype != y.dtype or x.shape[1:] != y.shape[1:]):
+            return False
+    return True
+
+
+class _HeldResults:
+    """Results of the reads of one received frame, sent back as one frame.
+
+    A feeder sends a partition in frames of thousands of rows; ``map_fun`` reads them
+    ``batch_size`` rows at a time. Answering each read with its own frame costs a frame's
+    fixed price (header, syscall, and on the executor an Arrow batch) per read; holding the
+    answers until the frame's last row is answered costs one. Results are held only while the
+    reader has more of the same frame in hand (it does not wait for data in between), and go
+    out in order, at once, when a read ends a frame, the types change, or the feed is terminated.
+    Only numeric columns (copied) are held: other results are pickled at once, as they were.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # terminate() flushes from another thread
+        self._stream: Stream | None = None
+        self._batches: list[ColumnBatch] = []
+        self._rows = 0
+
+    def add(self, stream: Stream, batch: ColumnBatch, flush: bool) -> None:
+        """Hold ``batch`` for ``stream``; send what is held if ``flush`` (or it cannot join)."""
+        numeric = all(isinstance(c, np.ndarray) and c.dtype.kind in "biufc" for c in batch.columns)
+        with self._lock:
+            if self._batches and (stream is not self._stream or not _same_columns(self._batches[0], batch)):
+                self._send()
+            if not numeric:  # objects the caller may still change: pickled now, as before
+                flush = True
+            elif not flush:  # the caller may reuse its array for the next batch
+                batch = ColumnBatch([np.array(c) for c in batch.columns], batch.layout, batch.names, batch.kinds)
+            self._stream = stream
+            self._batches.append(batch)
+            self._rows += batch.count
+            if flush or self._rows >= _MAX_HELD_RESULTS:
+                self._send()
+
+    def flush(self) -> None:
+        """Send whatever is held."""
+        with self._lock:
+            self._send()
+
+    def _send(self) -> None:
+        if self._batches and self._stream is not None:
+            self._stream.answer(_concat(self._batches))
+        self._stream, self._batches, self._rows = None, [], 0
 
 
 def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[str, str] | None:

@@ -8,6 +8,7 @@ partition and row (:class:`~tfonspark.errors.InputError`).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -88,16 +89,24 @@ def _to_arrow_array(col: Any, field: Any) -> Any:
         values = _to_arrow_array(flat.reshape(-1), pa.field("item", field.type.value_type))
         offsets = np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)
         return pa.ListArray.from_arrays(pa.array(offsets), values).cast(field.type)
-    return pa.array(col if isinstance(col, np.ndarray) else list(col)).cast(field.type)
+    arr = pa.array(col if isinstance(col, np.ndarray) else list(col))
+    return arr if arr.type == field.type else arr.cast(field.type)
+
+
+@functools.lru_cache(maxsize=16)
+def _arrow_schema(schema_json: str) -> Any:
+    """The Arrow schema of a Spark schema (JSON), parsed once per task process, not per batch."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    return to_arrow_schema(StructType.fromJson(json.loads(schema_json)))
 
 
 def columns_to_arrow(batch: ColumnBatch, schema_json: str) -> Any:
     """Results as an Arrow record batch of the given Spark schema (JSON)."""
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
 
-    schema = to_arrow_schema(StructType.fromJson(json.loads(schema_json)))
+    schema = _arrow_schema(schema_json)
     columns = batch.columns
     if len(columns) == 1 and len(schema) > 1 and batch.layout == "scalar":
         rows = list(columns[0])
