@@ -1,23 +1,37 @@
-"""Inference throughput: tfonspark vs TensorFlowOnSpark 2.2.5 vs ``predict_batch_udf``.
+"""DataFrame inference throughput: tfonspark's three ways against ``predict_batch_udf``.
 
-All three run the same numpy "model" (``x @ W + b`` with a fixed ``W``, one float per row) over
-the same cached DataFrame of tabular rows (32 float32 features), each on its own fresh
-``local-cluster[2,1,1024]``, alternating within each repetition:
+Every variant scores the same numpy "model" (``x @ W + b`` with a fixed ``W``: one float32 per
+row of 32 float32 features) over the same cached DataFrame, each on its own fresh
+``local-cluster[2,1,1024]``, alternating within each repetition (the order rotates), every
+pass written to Spark's ``noop`` sink:
 
-- ``tfos``:      TFoS 2.2.5 ``TFCluster.inference(df.rdd)``, results counted
-- ``tfonspark``: tfonspark ``Cluster.inference(df)`` (Arrow in, Arrow out), written to ``noop``
-- ``udf``:       ``pyspark.ml.functions.predict_batch_udf``, written to ``noop``
+- ``rows``:    ``Cluster.inference(df)``, ``map_fun`` reading with TFoS's ``next_batch`` (a list
+  of rows) and answering ``batch_results(predictions.tolist())``, as TFoS programs do
+- ``columns``: ``Cluster.inference(df)``, ``map_fun`` reading ``next_columns`` (numpy columns)
+  and answering with a numpy array
+- ``tfmodel``: ``tfonspark.ml.TFModel(...).transform(df)`` serving the same model exported as
+  a SavedModel (``features [None, 32] -> prediction [None]``)
+- ``udf``:     ``pyspark.ml.functions.predict_batch_udf`` with the numpy model: the baseline
+- ``tfos``:    TFoS 2.2.5 ``TFCluster.inference(df.rdd)``, results counted (not by default)
 
-    python benchmarks/inference.py
-    python benchmarks/inference.py --quick --variants tfonspark,udf
+Each variant is first checked against numpy on 2,000 rows, then timed twice: the **first
+pass** over the freshly cached data, and a **warm** pass after ``--warmup`` seconds of the
+identical job, untimed.
+
+    python benchmarks/inference.py                        # 1,000,000 rows, 2 reps
+    python benchmarks/inference.py --quick --variants columns,udf
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import os
 import sys
+import tempfile
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +41,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
 
-VARIANTS = ["tfos", "tfonspark", "udf"]
-LABELS = {"tfos": "TFoS 2.2.5", "tfonspark": "tfonspark", "udf": "predict_batch_udf"}
+VARIANTS = ["tfos", "rows", "columns", "tfmodel", "udf"]
+DEFAULT_VARIANTS = ["rows", "columns", "tfmodel", "udf"]
+LABELS = {
+    "tfos": "TFoS 2.2.5",
+    "rows": "next_batch (rows)",
+    "columns": "next_columns",
+    "tfmodel": "TFModel.transform",
+    "udf": "predict_batch_udf",
+}
+PASSES = ("first", "warm")
 SHAPE = c.SHAPES["tabular"]
+ROWS = 1_000_000
 TFOS_ROWS = 30_000  # default cap: TFoS infers ~10^3 rows/s here; its rows/s does not depend on it
 NODES = 2
 WARM_ROWS = 2000
@@ -49,8 +72,8 @@ def predict(x: Any) -> Any:
 
 
 # ---- TF-side inference loops ---------------------------------------------------------------------
-def serve_tfonspark(args: dict[str, Any], ctx: Any) -> None:
-    """tfonspark ``map_fun``: columnar batches in, one prediction per row back."""
+def serve_columns(args: dict[str, Any], ctx: Any) -> None:
+    """``map_fun`` of ``columns``: numpy columns in, a numpy array of predictions back."""
     feed = ctx.get_data_feed(train_mode=False)
     while not feed.should_stop():
         batch = feed.next_columns(args["batch"])
@@ -59,13 +82,34 @@ def serve_tfonspark(args: dict[str, Any], ctx: Any) -> None:
         feed.batch_results(predict(batch.columns[0]))
 
 
-def serve_tfos(args: dict[str, Any], ctx: Any) -> None:
-    """TFoS ``map_fun``: lists of rows in, one prediction per row back."""
+def serve_rows(args: dict[str, Any], ctx: Any) -> None:
+    """``map_fun`` of ``rows`` and ``tfos``: TFoS's loop, lists of rows in, a list of results back."""
     feed = ctx.get_data_feed(train_mode=False)
     while not feed.should_stop():
         rows = feed.next_batch(args["batch"])
         if rows:
             feed.batch_results(predict([r[0] for r in rows]).tolist())
+
+
+def export_model(path: str) -> str:
+    """The numpy model as a SavedModel: ``features`` (None, 32) float32 -> ``prediction`` (None,)."""
+    import tensorflow as tf
+
+    weights, bias = model()
+
+    class Linear(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.constant(weights)
+            self.b = tf.constant(bias)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, SHAPE.width], tf.float32, name="features")])
+        def serve(self, features: Any) -> Any:
+            return {"prediction": tf.linalg.matvec(features, self.w) + self.b}
+
+    module = Linear()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return path
 
 
 # ---- variants ----------------------------------------------------------------------------------------
@@ -75,8 +119,16 @@ class Run:
     def __init__(self, opts: argparse.Namespace, tfos: Any) -> None:
         self.opts = opts
         self.tfos = tfos
-        self.results: dict[str, list[c.Sample]] = defaultdict(list)
-        self.rows = opts.rows or (SHAPE.quick_rows if opts.quick else SHAPE.rows)
+        self.results: dict[tuple[str, str], list[c.Sample]] = defaultdict(list)
+        self.rows = opts.rows or (SHAPE.quick_rows if opts.quick else ROWS)
+        self._export_dir = ""
+
+    def export_dir(self) -> str:
+        """The SavedModel of ``tfmodel``, exported once."""
+        if not self._export_dir:
+            with c.quiet_stage("tfmodel: export the SavedModel"):
+                self._export_dir = export_model(os.path.join(tempfile.mkdtemp(prefix="tfos-bench-"), "linear"))
+        return self._export_dir
 
     def variant_rows(self, variant: str) -> int:
         """Rows for ``variant`` (TFoS is capped)."""
@@ -86,28 +138,30 @@ class Run:
 
     def data(self, variant: str) -> tuple[Any, Any, int]:
         """A fresh Spark context, the cached features DataFrame and a small warm-up one."""
-        sc, spark = c.fresh_spark(reuse=self.opts.quick)
-        n = self.variant_rows(variant)
-        df = c.cached(c.make_dataframe(spark, SHAPE, n, self.opts.partitions).select("features"), n)
-        warm = c.make_dataframe(spark, SHAPE, WARM_ROWS, NODES).select("features")
+        with c.quiet_stage(f"{variant}: spark + cached data"):
+            sc, spark = c.fresh_spark(reuse=self.opts.quick)
+            n = self.variant_rows(variant)
+            df = c.cached(c.make_dataframe(spark, SHAPE, n, self.opts.partitions).select("features"), n)
+            warm = c.make_dataframe(spark, SHAPE, WARM_ROWS, NODES).select("features")
         return sc, (df, warm), n
 
-    def record(self, variant: str, rows: int, sample: c.Sample) -> None:
+    def record(self, variant: str, when: str, rows: int, sample: c.Sample) -> None:
         """Keep and print one measurement."""
         sample.rows = rows
-        self.results[variant].append(sample)
-        print(f"{LABELS[variant]:<18} {sample}  load {c.load_average()}", flush=True)
+        self.results[(variant, when)].append(sample)
+        print(f"{LABELS[variant]:<18} {when:<5} {sample}  load {c.load_average()}", flush=True)
 
-    def median(self, variant: str, what: str) -> float | None:
+    def median(self, variant: str, when: str, what: str) -> float | None:
         """Median rows/s (``what="rate"``) or CPU us per row (``"cpu"``) over the reps."""
-        values = [s.rate if what == "rate" else s.cpu_us_per_row for s in self.results.get(variant, [])]
+        samples = self.results.get((variant, when), [])
+        values = [s.rate if what == "rate" else s.cpu_us_per_row for s in samples]
         return c.median([v for v in values if v is not None])
 
 
 def _check(predictions: list[float], warm: Any) -> None:
     """The warm-up predictions must equal the numpy model's."""
     x = np.asarray([r[0] for r in warm.collect()], np.float32)
-    if not np.allclose(np.asarray(predictions, np.float32), predict(x), rtol=1e-5, atol=1e-5):
+    if not np.allclose(np.asarray(predictions, np.float32), predict(x), rtol=1e-4, atol=1e-4):
         raise RuntimeError("inference results differ from the numpy model")
 
 
@@ -116,63 +170,58 @@ def _noop_write(df: Any) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def run_tfonspark(run: Run) -> None:
-    """tfonspark ``Cluster.inference(df)``: warm-up, check, ``--warmup`` seconds of untimed passes, the timed one."""
+def measure(run: Run, variant: str, score: Callable[[Any], Any], df: Any, warm: Any, n: int) -> None:
+    """Check ``score`` on the warm-up rows, time the first pass, warm up, time a warm pass."""
+    with c.quiet_stage(f"{variant}: check"):
+        _check([r.prediction for r in score(warm).select("prediction").collect()], warm)
+    meter = c.Meter()
+    _noop_write(score(df))
+    run.record(variant, "first", n, meter.stop())
+    with c.quiet_stage(f"{variant}: untimed passes"):
+        c.warm_up(lambda: _noop_write(score(df)), run.opts.warmup)
+    meter = c.Meter()
+    _noop_write(score(df))
+    run.record(variant, "warm", n, meter.stop())
+
+
+@contextlib.contextmanager
+def tfonspark_cluster(run: Run, sc: Any, map_fun: Callable[..., Any]) -> Iterator[Any]:
+    """A 2-node ``InputMode.SPARK`` cluster serving ``map_fun``, shut down afterwards."""
     import tfonspark
 
-    stage = c.quiet_stage
-    with stage("tfonspark: spark + cached data"):
-        sc, (df, warm), n = run.data("tfonspark")
-    with stage("tfonspark: cluster start"):
+    with c.quiet_stage("cluster start"):
         cluster = tfonspark.run(
-            sc,
-            serve_tfonspark,
-            {"batch": run.opts.batch},
-            NODES,
-            input_mode=tfonspark.InputMode.SPARK,
-            reservation_timeout=300,
+            sc, map_fun, {"batch": run.opts.batch}, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
         )
     try:
-        infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT, output_schema="prediction float")
-        with stage("tfonspark: warm-up, check and untimed passes"):
-            _check([r.prediction for r in infer(warm).collect()], warm)
-            c.warm_up(lambda: _noop_write(infer(df)), run.opts.warmup)
-        meter = c.Meter()
-        _noop_write(infer(df))
-        run.record("tfonspark", n, meter.stop())
+        yield cluster
     finally:
-        with stage("tfonspark: shutdown"):
+        with c.quiet_stage("cluster shutdown"):
             cluster.shutdown(timeout=120)
 
 
-def run_tfos(run: Run) -> None:
-    """TFoS ``TFCluster.inference(df.rdd)``: warm-up, check, then the timed pass (counted)."""
-    stage = c.quiet_stage
-    with stage("tfos: spark + cached data"):
-        sc, (df, warm), n = run.data("tfos")
-    with stage("tfos: cluster start"):
-        cluster = run.tfos.run(
-            sc,
-            serve_tfos,
-            {"batch": run.opts.batch},
-            NODES,
-            0,
-            input_mode=run.tfos.InputMode.SPARK,
-            reservation_timeout=300,
-        )
-    try:
-        infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT)
-        with stage("tfos: warm-up and check"):
-            _check(infer(warm.rdd).collect(), warm)
-        meter = c.Meter()
-        count = infer(df.rdd).count()
-        sample = meter.stop()
-        if count != n:
-            raise RuntimeError(f"TFoS returned {count} results for {n} rows")
-        run.record("tfos", n, sample)
-    finally:
-        with stage("tfos: shutdown"):
-            c.stop_tfos(cluster)
+def run_cluster(run: Run, variant: str) -> None:
+    """``rows`` / ``columns``: ``Cluster.inference(df)`` with the matching ``map_fun``."""
+    sc, (df, warm), n = run.data(variant)
+    with tfonspark_cluster(run, sc, serve_rows if variant == "rows" else serve_columns) as cluster:
+        score = functools.partial(cluster.inference, feed_timeout=TIMEOUT, output_schema="prediction float")
+        measure(run, variant, score, df, warm, n)
+
+
+def run_tfmodel(run: Run) -> None:
+    """``TFModel.transform`` serving the SavedModel of the same model."""
+    from tfonspark.ml import TFModel
+
+    export_dir = run.export_dir()
+    _, (df, warm), n = run.data("tfmodel")
+    model = (
+        TFModel()
+        .setExportDir(export_dir)
+        .setInputMapping({"features": "features"})
+        .setOutputMapping({"prediction": "prediction"})
+        .setBatchSize(run.opts.batch)
+    )
+    measure(run, "tfmodel", model.transform, df, warm, n)
 
 
 def make_predict_fn() -> Any:
@@ -181,68 +230,84 @@ def make_predict_fn() -> Any:
 
 
 def run_udf(run: Run) -> None:
-    """``predict_batch_udf`` over the same data: warm-up, check, ``--warmup`` s of untimed passes, timed pass."""
+    """``predict_batch_udf`` over the same data."""
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql.types import FloatType
 
-    with c.quiet_stage("udf: spark + cached data"):
-        _, (df, warm), n = run.data("udf")
+    _, (df, warm), n = run.data("udf")
     udf = predict_batch_udf(
         make_predict_fn, return_type=FloatType(), batch_size=run.opts.batch, input_tensor_shapes=[[SHAPE.width]]
     )
-    score = lambda d: d.select(udf("features").alias("prediction"))  # noqa: E731
-    with c.quiet_stage("udf: warm-up, check and untimed passes"):
-        _check([r.prediction for r in score(warm).collect()], warm)
-        c.warm_up(lambda: _noop_write(score(df)), run.opts.warmup)
-    meter = c.Meter()
-    _noop_write(score(df))
-    run.record("udf", n, meter.stop())
+    measure(run, "udf", lambda d: d.select(udf("features").alias("prediction")), df, warm, n)
+
+
+def run_tfos(run: Run) -> None:
+    """TFoS ``TFCluster.inference(df.rdd)``: check, then one timed pass (counted)."""
+    sc, (df, warm), n = run.data("tfos")
+    with c.quiet_stage("tfos: cluster start"):
+        cluster = run.tfos.run(
+            sc,
+            serve_rows,
+            {"batch": run.opts.batch},
+            NODES,
+            0,
+            input_mode=run.tfos.InputMode.SPARK,
+            reservation_timeout=300,
+        )
+    try:
+        infer = functools.partial(cluster.inference, feed_timeout=TIMEOUT)
+        _check(infer(warm.rdd).collect(), warm)
+        meter = c.Meter()
+        count = infer(df.rdd).count()
+        sample = meter.stop()
+        if count != n:
+            raise RuntimeError(f"TFoS returned {count} results for {n} rows")
+        run.record("tfos", "first", n, sample)
+    finally:
+        with c.quiet_stage("tfos: shutdown"):
+            c.stop_tfos(cluster)
 
 
 # ---- report -----------------------------------------------------------------------------------------
 def report(run: Run, variants: list[str]) -> str:
-    """Markdown tables of the median rows/s and CPU us per row, with the ratios."""
+    """Markdown table: median rows/s and CPU us per row per pass, and the ratios to ``udf``."""
     shown = [v for v in VARIANTS if v in variants]
-    header = ["rows", *[LABELS[v] for v in shown], "tfonspark / TFoS", "tfonspark / predict_batch_udf"]
-    rate = {v: run.median(v, "rate") for v in VARIANTS}
-    cpu = {v: run.median(v, "cpu") for v in VARIANTS}
-    rates = [
-        f"{run.rows:,}",
-        *[c.fmt_rate(rate[v]) for v in shown],
-        c.fmt_ratio(rate["tfonspark"], rate["tfos"]),
-        c.fmt_ratio(rate["tfonspark"], rate["udf"]),
-    ]
-    cpus = [
-        f"{run.rows:,}",
-        *[c.fmt_us(cpu[v]) for v in shown],
-        c.fmt_ratio(cpu["tfos"], cpu["tfonspark"]),
-        c.fmt_ratio(cpu["udf"], cpu["tfonspark"]),
-    ]
-    return (
-        f"rows/s (wall clock; higher is better)\n\n{c.markdown_table(header, [rates])}\n\n"
-        "CPU microseconds per row, summed over all processes of the run (lower is better; the "
-        "ratios are the other side's CPU over tfonspark's: > 1 means tfonspark is cheaper)\n\n"
-        f"{c.markdown_table(header, [cpus])}"
-    )
+    header = ["variant", *[f"{p} rows/s" for p in PASSES], *[f"{p} / udf" for p in PASSES]]
+    header += [f"{p} CPU us/row" for p in PASSES]
+    rows = []
+    for v in shown:
+        rate = {p: run.median(v, p, "rate") for p in PASSES}
+        rows.append(
+            [
+                LABELS[v],
+                *[c.fmt_rate(rate[p]) for p in PASSES],
+                *[c.fmt_ratio(rate[p], run.median("udf", p, "rate")) for p in PASSES],
+                *[c.fmt_us(run.median(v, p, "cpu")) for p in PASSES],
+            ]
+        )
+    return c.markdown_table(header, rows)
+
+
+TARGETS = (("rows", 1.0), ("columns", 1.5), ("tfmodel", 1.2))
 
 
 def targets(run: Run) -> list[str]:
-    """The issue's targets on the median rows/s, each as MET / MISSED / not measured."""
+    """The targets on the median rows/s against ``udf``, each pass, as MET / MISSED."""
     out = []
-    for name, den, goal in (("tfonspark >= 10x TFoS", "tfos", 10), ("tfonspark >= 1x predict_batch_udf", "udf", 1)):
-        num, base = run.median("tfonspark", "rate"), run.median(den, "rate")
-        out.append(
-            f"- {name}: not measured"
-            if num is None or base is None
-            else f"- {name}: {num / base:.2f}x {'MET' if num / base >= goal else 'MISSED'}"
-        )
+    for variant, goal in TARGETS:
+        for when in PASSES:
+            num, base = run.median(variant, when, "rate"), run.median("udf", when, "rate")
+            if num is None or base is None:
+                continue
+            verdict = "MET" if num / base >= goal else "MISSED"
+            out.append(f"- {LABELS[variant]} >= {goal}x predict_batch_udf ({when}): {num / base:.2f}x {verdict}")
     return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=0, help=f"rows (default {SHAPE.rows:,})")
+    p.add_argument("--rows", type=int, default=0, help=f"rows (default {ROWS:,})")
     p.add_argument(
         "--tfos-rows",
         type=int,
@@ -250,35 +315,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"cap on TFoS rows (default {TFOS_ROWS:,}); its rows/s does not depend on it",
     )
     c.add_run_args(p, VARIANTS, "model batch size")
+    p.set_defaults(variants=",".join(DEFAULT_VARIANTS))
     opts = p.parse_args(argv)
     c.quick_defaults(opts, argv, reps=1, warmup=0)
     return opts
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every variant ``--reps`` times, alternating, then print the tables."""
+    """Run every variant ``--reps`` times, alternating, then print the table."""
     opts = parse_args(argv)
     variants, tfos = c.selected_variants(opts, VARIANTS)
     c.ship_by_value(c, sys.modules[__name__])
     run = Run(opts, tfos)
+    import tfonspark
+
     print(
-        f"# inference benchmark: {c.MASTER}, {SHAPE.name} rows, variants={variants}, "
-        f"reps={opts.reps}, load {c.load_average()}",
+        f"# inference benchmark: {c.MASTER}, {run.rows:,} {SHAPE.name} rows, variants={variants}, "
+        f"reps={opts.reps}, warm-up {opts.warmup:.0f}s, tfonspark from {Path(tfonspark.__file__).parent}, "
+        f"load {c.load_average()}",
         flush=True,
     )
     runners = {
         "tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
-        "tfonspark": functools.partial(run_tfonspark, run),
+        "rows": functools.partial(run_cluster, run, "rows"),
+        "columns": functools.partial(run_cluster, run, "columns"),
+        "tfmodel": functools.partial(run_tfmodel, run),
         "udf": functools.partial(run_udf, run),
     }
     seconds = c.alternate(variants, opts.reps, runners)
     print(
-        f"\n## Inference throughput, tabular rows (median of {opts.reps} reps; "
+        f"\n## DataFrame inference, {run.rows:,} tabular rows (median of {opts.reps} reps; "
         f"load average {c.load_average()}; {seconds:.0f}s in all)\n"
     )
     print(report(run, variants))
-    if "tfos" in variants and run.variant_rows("tfos") != run.rows:
-        print(f"\n(TFoS ran on {run.variant_rows('tfos'):,} rows: --tfos-rows)")
     print()
     print("\n".join(targets(run)))
     return 0
