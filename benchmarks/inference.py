@@ -14,9 +14,10 @@ pass written to Spark's ``noop`` sink:
 - ``udf``:     ``pyspark.ml.functions.predict_batch_udf`` with the numpy model: the baseline
 - ``tfos``:    TFoS 2.2.5 ``TFCluster.inference(df.rdd)``, results counted (not by default)
 
-Each variant is first checked against numpy on 2,000 rows, then timed twice: the **first
-pass** over the freshly cached data, and a **warm** pass after ``--warmup`` seconds of the
-identical job, untimed.
+Each variant is first checked against numpy on 2,000 cached rows (a warm-up job: it also
+starts the Python workers and, for ``tfmodel``, imports TensorFlow and loads the model there),
+then timed twice: the **first pass** over the freshly cached data, and a **warm** pass after
+``--warmup`` seconds of the identical job, untimed.
 
     python benchmarks/inference.py                        # 1,000,000 rows, 2 reps
     python benchmarks/inference.py --quick --variants columns,udf
@@ -142,7 +143,8 @@ class Run:
             sc, spark = c.fresh_spark(reuse=self.opts.quick)
             n = self.variant_rows(variant)
             df = c.cached(c.make_dataframe(spark, SHAPE, n, self.opts.partitions).select("features"), n)
-            warm = c.make_dataframe(spark, SHAPE, WARM_ROWS, NODES).select("features")
+            # cached too, so the check runs in the Python worker that serves the first pass
+            warm = c.cached(c.make_dataframe(spark, SHAPE, WARM_ROWS, NODES).select("features"), WARM_ROWS)
         return sc, (df, warm), n
 
     def record(self, variant: str, when: str, rows: int, sample: c.Sample) -> None:
