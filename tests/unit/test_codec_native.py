@@ -75,6 +75,11 @@ CASES = [
     [([True] * 4, 0)] * 3,  # bools: bool
     [([np.float32(1)] * 4, 0)] * 3,  # numpy scalars
     [([1.0] * 4, 0), ([np.float64(2)] * 4, np.int64(1))],
+    [(list(np.arange(8.0) + i), i) for i in range(5)],  # numpy.float64 values (list(array))
+    [(list(np.arange(8.0) + i), np.float64(i)) for i in range(5)],
+    [([1, True, False, 2], i) for i in range(3)],  # bools among ints
+    [([1, 2], 1), ([1, 2], True)],  # a bool label among ints
+    [([1, 2], 1.5), ([1, 2], True)],
     [([1] * 4, 0), ([1, 2, 3.5, 4], 1)],  # a float after int rows
     [([1.0] * 4, 0), ([1.0, None, 2.0, 3.0], 1)],  # None among numbers
     [([1.0] * 4, 0), ([1.0, "x", 2.0, 3.0], 1)],  # a str
@@ -133,7 +138,22 @@ def test_randomly_spoilt_chunks_give_the_same_frames_and_errors(seed, monkeypatc
     rng = random.Random(seed)
     width = rng.choice([3, 32, 784])
     rows: list[Any] = [([rng.random() for _ in range(width)], i) for i in range(rng.choice([20, 2000]))]
-    odd = [None, "1", True, np.float32(1), 2**63, 2**70, 7, -1, [1.0], (), 1j, float("nan")]
+    odd = [
+        None,
+        "1",
+        True,
+        np.float32(1),
+        np.float64(2.5),
+        np.int64(3),
+        2**63,
+        2**70,
+        7,
+        -1,
+        [1.0],
+        (),
+        1j,
+        float("nan"),
+    ]
     for _ in range(rng.choice([0, 1, 3])):
         r = rng.randrange(len(rows))
         features, label = rows[r]
@@ -159,6 +179,9 @@ def test_the_c_packer_checks_its_buffer_and_keeps_reference_counts():
     assert codec.native.pack_column(out, rows, tuple, 2, 0, 2, "q") is False  # 0.5 is no int64
     assert codec.native.pack_column(out, rows, list, 2, 0, 2, "d") is False  # tuples, not lists
     assert codec.native.pack_column(out, [0.5, 1, 2**64], None, 0, -1, 0, "d") is False
+    assert codec.native.pack_column(out, [(np.float64(0.5), True)] * 4, None, 0, -1, 2, "d") is True
+    assert out.view(np.float64).tolist() == [0.5, 1.0] * 4
+    assert codec.native.pack_column(out, [(np.float32(0.5), True)] * 4, None, 0, -1, 2, "d") is False
     assert (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(value)) == before
     with pytest.raises(ValueError, match="too small"):
         codec.native.pack_column(out[:-1], rows, tuple, 2, 0, 2, "d")

@@ -11,14 +11,15 @@
  *
  * Writes the values in native byte order, the bytes numpy/struct write for them, and returns
  * True. Returns False (what it wrote does not count) at the first thing it does not handle: a
- * row or value of another type or length; a number that is not an exact float or int (bool,
- * numpy scalar, str, None, ...); a float for "q"; an int beyond int64. The caller then packs
+ * row or value of another type or length; a number that is not a float (or float subclass, such
+ * as numpy.float64), an exact int or a bool (numpy.float32, str, None, ...); a float for "q";
+ * an int beyond int64. The caller then packs
  * the rows in pure Python, which gives the result or the error (with its row number), so
  * results and messages are the pure-Python ones. Bad arguments (a short or read-only buffer,
  * an unknown code) raise ValueError/TypeError.
  *
- * Safety: the GIL is held throughout and no Python code runs while the rows are read (exact
- * floats and ints convert without calling back into Python), so no row can change under us;
+ * Safety: the GIL is held throughout and no Python code runs while the rows are read (floats,
+ * exact ints and bools convert without calling back into Python), so no row can change under us;
  * items are borrowed from `rows`, which the caller keeps alive. Every write is inside the
  * buffer length checked up front.
  */
@@ -36,7 +37,7 @@ pack_number(PyObject *v, int as_double, char *dst)
     long long i;
     double d;
 
-    if (PyFloat_CheckExact(v)) {
+    if (PyFloat_Check(v)) { /* a float or a subclass (numpy.float64): its value, as struct/numpy read it */
         if (!as_double) {
             return -1;
         }
@@ -44,7 +45,7 @@ pack_number(PyObject *v, int as_double, char *dst)
         memcpy(dst, &d, sizeof d);
         return 0;
     }
-    if (!PyLong_CheckExact(v)) {
+    if (!PyLong_CheckExact(v) && !PyBool_Check(v)) { /* other int subclasses may override __float__ */
         return -1;
     }
     i = PyLong_AsLongLongAndOverflow(v, &overflow);
