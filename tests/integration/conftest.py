@@ -16,7 +16,12 @@ import pytest
 
 from tfonspark.testing import free_ports
 
-NODE_MARKERS = ("tfonspark.tfprocess.entry", "tfonspark.executor.supervisor", "tensorboard.main")
+NODE_MARKERS = (
+    "tfonspark.tfprocess.entry",
+    "tfonspark.executor.supervisor",
+    "tfonspark.executor.spare",  # the keeper of a warm spare TF process (executor/spare.py)
+    "tensorboard.main",
+)
 
 
 def node_processes(clusters: list[str] | None = None) -> list[psutil.Process]:

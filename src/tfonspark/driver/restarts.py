@@ -7,6 +7,7 @@ started again with ``ctx.attempt`` one higher) while ``max_restarts`` lasts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -139,6 +140,7 @@ class Attempts:
         try:
             if self._reserve is not None:
                 self._reserve()
+            self._mark_spares(0)
             self.gang.start(payload)
         except NodeFailed as error:
             self.restart(error)  # which starts the next attempt, or raises
@@ -174,6 +176,12 @@ class Attempts:
         self._final = exhausted(self._causes, self.max_restarts)
         return self._final
 
+    def _mark_spares(self, attempt: int) -> None:
+        """Nodes of ``attempt`` keep a warm spare TF process while a restart may follow (executor/spare.py)."""
+        keep = self._reform is not None and attempt < self.max_restarts
+        if keep != self.gang.config.keep_spare:
+            self.gang.config = dataclasses.replace(self.gang.config, keep_spare=keep)
+
     def _start(self, attempt: int, record: Restart) -> None:
         """A fresh gang (rendezvous server, secret), executors reserved again, ``map_fun`` started again."""
         assert self._reform is not None
@@ -186,6 +194,7 @@ class Attempts:
             self.gang.teardown(grace_secs=0)
             raise
         reserved = time.monotonic() - started
+        self._mark_spares(attempt)
         self.gang.start(self._payload)
         record.reserve_s = reserved + self.gang.phases[0]
         record.startup_s = self.gang.phases[1]

@@ -45,6 +45,7 @@ from ..wire.framing import Connection, connect, remove_unix_socket
 from . import tfos_env
 from .gpus import assign as assign_gpus
 from .gpus import cuda_env
+from .spare import SPARE_DELAY_SECS, Adopted, Keeper, adopt, env_digest, spare_paths
 from .standby import WARM_CODE, Standby, bind_again, reserve_again, unbound_socket, wait_accepting
 
 TAIL_LINES = 60
@@ -62,6 +63,7 @@ SERVER_RESTARTS = 3
 restarted in place at least; ``max_restarts`` raises it (``NodeConfig.server_restarts``)."""
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
+SPARE_JOBS = ("chief", "master", "worker")  # nodes that keep a spare for a cluster restart (executor/spare.py)
 _SKIP_CHUNK = 64 * 1024  # how an overlong status line is read past
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class Supervisor:
         self.payload = payload
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopping = False
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | Adopted | None = None
         self.data_path = ""  # the TF process's feed socket, removed after it exits
         self.scratch = ""  # the TF process's TMPDIR, removed after it exits
         self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
@@ -97,6 +99,8 @@ class Supervisor:
         self.restarts = 0  # how many times the TF process was restarted in place
         self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
         self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
+        self._keeper: Keeper | None = None  # the spare for the next attempt's node, while one may follow
+        self.adopted = False  # the TF process is the previous attempt's spare (executor/spare.py)
         self._spawning = False
         self._lock = threading.Lock()
 
@@ -135,6 +139,7 @@ class Supervisor:
         except ConfigError as exc:
             return self._cannot_start(conn, exc)
         self._spawning = True  # SIGTERM from now on stops the TF process instead of us
+        ended = None
         try:
             ended = self._lives(conn, reply, host, port_sock)
         finally:
@@ -142,6 +147,7 @@ class Supervisor:
             standby = self._take_standby()
             if standby is not None:
                 standby.discard()
+            self._release_spare(ended)
         if ended is not None:
             self._report_exit(conn, *ended)
         return 0
@@ -155,9 +161,11 @@ class Supervisor:
         """
         port, standby = port_sock.getsockname()[1], None
         self.job_name = ready.job_name
+        spare, port_sock = self._adopt(ready, port_sock)
         while True:
             try:
-                ended = self._life(conn, ready, host, port_sock, standby)
+                ended = self._life(conn, ready, host, port_sock, spare or standby)
+                spare = None
             finally:
                 port_sock.close()  # the TF process holds the reservation now; it alone releases it
             if ended is None or not self._may_restart(ended[0]):
@@ -175,13 +183,20 @@ class Supervisor:
             threading.Thread(target=self._announce_restart, args=watch, daemon=True, name="tfos-restart").start()
 
     def _life(
-        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket, standby: Standby | None
+        self,
+        conn: Connection,
+        ready: m.ClusterReady,
+        host: str,
+        port_sock: socket.socket,
+        standby: Standby | Adopted | None,
     ) -> tuple[int, str] | None:
         """Start one TF process holding ``port_sock`` (``standby``'s, if given) and follow it to its end.
 
         Returns (exit code, traceback), or None where it could not be spawned (the node then
         fails, saying why).
         """
+        if isinstance(standby, Adopted):
+            return self._follow(conn, self._wake_spare(standby, ready, host), standby.status_r, ready, host)
         if standby is not None:
             return self._follow(conn, self._wake(standby, ready, host), standby.status_r, ready, host)
         status_r, status_w = os.pipe()
@@ -197,7 +212,12 @@ class Supervisor:
         return self._follow(conn, proc, status_r, ready, host)
 
     def _follow(
-        self, conn: Connection, proc: subprocess.Popen[bytes], status_r: int, ready: m.ClusterReady, host: str
+        self,
+        conn: Connection,
+        proc: subprocess.Popen[bytes] | Adopted,
+        status_r: int,
+        ready: m.ClusterReady,
+        host: str,
     ) -> tuple[int, str]:
         """Relay one TF process's events until it exits; then remove what it left behind."""
         tee = threading.Thread(target=self._tee, args=(proc.stdout,), daemon=True)
@@ -208,6 +228,8 @@ class Supervisor:
                 self._start_watchers(conn)
             if self._restartable():  # its successor, ready to take over once it serves
                 threading.Thread(target=self._warm, args=(ready, host), daemon=True, name="tfos-standby").start()
+            elif self._wants_spare() and not self.restarts:  # the next attempt's, should the cluster restart
+                threading.Thread(target=self._keep_spare, args=(ready,), daemon=True, name="tfos-spare").start()
             tee.start()
             with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
                 error = self._relay_status(conn, status)
@@ -294,6 +316,75 @@ class Supervisor:
             standby.discard()
             return None
         return standby
+
+    # ---- a spare for the next attempt (a whole-cluster restart: executor/spare.py) ---------------
+    def _wants_spare(self) -> bool:
+        """Whether this node keeps a spare TF process: a cluster restart may follow, it trains, and
+        the next attempt's node can find it (an executor known by its ``SPARK_LOCAL_DIRS``: ``host.executor_key``)."""
+        if not os.environ.get("SPARK_LOCAL_DIRS"):
+            return False
+        return self.config.keep_spare and not self.config.server_restarts and self.job_name in SPARE_JOBS
+
+    def _spare_paths(self) -> list[str]:
+        return spare_paths(self.config.cluster_id, executor_key(), self.executor_id)
+
+    def _keep_spare(self, ready: m.ClusterReady) -> None:
+        """A little after the TF process started, start the keeper of its spare (see :mod:`.spare`)."""
+        if self.done.wait(SPARE_DELAY_SECS):
+            return
+        scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")
+        label = ["--cluster", self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"]
+        try:
+            keeper: Keeper | None = Keeper.start(self._spare_paths()[0], self._tf_env(ready, scratch), label)
+        except OSError as exc:  # no spare: a restart starts a new process, as without one
+            log.warning("tfonspark supervisor: cannot start a spare TF process: %s", exc)
+            remove_scratch(scratch)
+            return
+        with self._lock:
+            if not self.done.is_set():
+                self._keeper, keeper = keeper, None
+        if keeper is not None:
+            keeper.release(keep=False)
+
+    def _release_spare(self, ended: tuple[int, str] | None) -> None:
+        """Keep the spare for the next attempt where this node failed (a restart may follow), else discard it."""
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.release(keep=ended is not None and ended[0] != 0 and not self.executor_gone)
+
+    def _adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> tuple[Adopted | None, socket.socket]:
+        """The previous attempt's spare on this executor, its socket bound to our port, if one matches.
+
+        Returns it and the port's socket now (its own, or ``port_sock`` where there is none).
+        """
+        if not self.config.attempt or ready.job_name not in SPARE_JOBS:
+            return None, port_sock
+        try:
+            spare = adopt(self._spare_paths(), env_digest(self._tf_env(ready, "")))
+        except OSError as exc:
+            log.warning("tfonspark supervisor: cannot look for a spare TF process: %s", exc)
+            return None, port_sock
+        if spare is None:
+            return None, port_sock
+        port = port_sock.getsockname()[1]
+        port_sock.close()  # the spare's socket takes the reservation over
+        try:
+            bind_again(spare.sock, port)
+        except OSError as exc:
+            log.warning("tfonspark supervisor: cannot hand port %d to the spare TF process: %s", port, exc)
+            spare.discard()
+            return None, reserve_again(port)
+        self.adopted = True
+        return spare, spare.sock
+
+    def _wake_spare(self, spare: Adopted, ready: m.ClusterReady, host: str) -> Adopted:
+        """Make the adopted ``spare`` the TF process: this attempt's environment, then its bootstrap."""
+        self.proc, self.scratch = spare, spare.scratch
+        tf_config = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
+        spare.set_env({TF_CONFIG_ENV: tf_config, ATTEMPT_ENV: str(self.config.attempt)})
+        self._bootstrap(spare, ready, host, spare.port_fd, spare.status_fd)
+        return spare
 
     def _announce_restart(
         self, conn: Connection, address: tuple[str, int], restart: int, code: int, died_at: float
@@ -393,7 +484,7 @@ class Supervisor:
         )
 
     def _bootstrap(
-        self, proc: subprocess.Popen[bytes], ready: m.ClusterReady, host: str, port_fd: int, status_fd: int
+        self, proc: subprocess.Popen[bytes] | Adopted, ready: m.ClusterReady, host: str, port_fd: int, status_fd: int
     ) -> None:
         """Send the TF process its bootstrap: the node's header (descriptors as numbered in it) and payload."""
         header = {

@@ -1,0 +1,433 @@
+"""A warm spare TF process kept across a whole-cluster restart (``max_restarts``).
+
+After a node failure the driver restarts the whole cluster: every node gets a new supervisor
+and a fresh TF process, and importing TensorFlow in it was most of the recovery (8-12 s of
+14-21 s at load 12 on 2 cores). So while a restart may still follow (``NodeConfig.keep_spare``),
+each supervisor keeps a *spare*: a fresh TF process that has imported TensorFlow and waits for
+its bootstrap, as the in-place :class:`~.standby.Standby` does. Its parent is a small *keeper*
+process (no TensorFlow), not the supervisor, so that it outlives the supervisor of the failed
+attempt:
+
+* the keeper (``python -m tfonspark.executor.spare PATH``) spawns the spare, then listens on the
+  Unix socket ``PATH`` (in a directory only this user may enter), named by the cluster, the
+  executor and the node;
+* the supervisor that started it writes ``keep`` to the keeper's stdin when its own TF process
+  ended in failure (a restart may follow), then exits. Without ``keep``, EOF on that stdin
+  discards the spare at once; with it, the keeper waits up to :data:`SPARE_WAIT_SECS` for the
+  next attempt's supervisor on the same executor;
+* that supervisor connects (:func:`adopt`), receives the spare's pipes and its unbound port
+  socket (``SCM_RIGHTS``), binds the socket to its reserved port and writes the new
+  attempt's environment (``TF_CONFIG``, ``TFONSPARK_ATTEMPT``) and the bootstrap. The keeper
+  stays the spare's parent only to send its exit status (:class:`Adopted`), so a spare killed
+  by a signal is reported as such; if the adopter goes, the keeper kills the spare.
+
+The spare is a new process that only imported TensorFlow, so every attempt still starts from a
+fresh TF process state. It costs one idle TF process (and its memory) per node while a restart
+may follow, and competes for CPU while it imports, :data:`SPARE_DELAY_SECS` after the node's
+own TF process started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ..host import remove_scratch
+from .standby import unbound_socket
+
+__all__ = [
+    "SPARE_CODE",
+    "SPARE_DELAY_SECS",
+    "SPARE_WAIT_SECS",
+    "Adopted",
+    "Keeper",
+    "adopt",
+    "env_digest",
+    "spare_paths",
+]
+
+SPARE_WAIT_SECS = 20.0
+"""How long a kept spare waits for the next attempt's supervisor after its own supervisor ended."""
+SPARE_DELAY_SECS = 2.0
+"""How long after the node's TF process started its spare is started (not to slow its start-up)."""
+VOLATILE_ENV = ("TF_CONFIG", "TFONSPARK_ATTEMPT", "TMPDIR", "TMP", "TEMP")
+"""What differs between the spare's environment and the adopter's: set anew (or kept: its temp dir)."""
+_POLL_SECS = 0.1
+_HELLO_BYTES = 64 * 1024
+
+log = logging.getLogger(__name__)
+
+#: what a spare runs: TensorFlow and what every TF process imports (none reads the environment
+#: when imported), then one line of environment (JSON) and the TF process's entry, which reads
+#: its bootstrap. EOF instead of that line: discarded.
+SPARE_CODE = """\
+import json, os, runpy, sys
+import tensorflow
+import tfonspark.tfprocess.context, tfonspark.tfprocess.feedserver, tfonspark.tfprocess.hints  # what the entry imports
+from pyspark import cloudpickle
+from tfonspark.host import remove_scratch
+line = sys.stdin.buffer.readline()
+if not line:
+    remove_scratch(os.environ.get("TMPDIR", ""))
+    sys.exit(0)
+os.environ.update(json.loads(line))
+try:
+    runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)
+except BaseException:
+    remove_scratch(os.environ.get("TMPDIR", ""))
+    raise
+"""
+
+
+def spare_paths(cluster_id: str, executor_key: str, node: int) -> list[str]:
+    """Where a keeper for ``node`` (the supervisor's executor id) listens on this executor, first;
+    then those of the cluster's other nodes here now (the node may have run on another executor)."""
+    prefix = os.path.join(_spare_dir(), f"{cluster_id[:12]}-{executor_key[:16]}-")
+    own = f"{prefix}{node}.sock"
+    others = sorted(p for p in glob.glob(f"{glob.escape(prefix)}*.sock") if p != own)
+    return [own, *others]
+
+
+def _spare_dir() -> str:
+    """``$TMPDIR/tfos-spares-UID``, made private to this user (0700), refused if anyone else owns it."""
+    path = os.path.join(tempfile.gettempdir(), f"tfos-spares-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of this user")
+    return path
+
+
+def env_digest(env: dict[str, str]) -> str:
+    """A digest of ``env`` without :data:`VOLATILE_ENV`: a spare is adopted only where it matches."""
+    kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+# ---- the supervisor that starts a spare ------------------------------------------------------
+@dataclass
+class Keeper:
+    """The keeper process as its starting supervisor holds it (its stdin: ``keep`` or EOF)."""
+
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, path: str, env: dict[str, str], label: list[str], wait: float = SPARE_WAIT_SECS) -> Keeper:
+        """Start a keeper at ``path`` whose spare gets ``env`` (its ``TMPDIR`` is the spare's scratch);
+        kept, it waits ``wait`` seconds for the next attempt."""
+        command = [sys.executable, "-m", "tfonspark.executor.spare", path, str(wait), *label]
+        return cls(subprocess.Popen(command, stdin=subprocess.PIPE, env=env, start_new_session=True))
+
+    def release(self, keep: bool, wait: float = 5.0) -> None:
+        """Let go of it: ``keep`` it for the next attempt, or discard it (waiting up to ``wait`` s)."""
+        stdin = self.proc.stdin
+        if stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if keep:
+                    stdin.write(b"keep\n")
+                    stdin.flush()
+                stdin.close()
+        if not keep:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+
+
+# ---- the next attempt's supervisor -----------------------------------------------------------
+@dataclass
+class Adopted:
+    """A spare handed over by its keeper, looking like the ``Popen`` of a TF process.
+
+    ``status_r`` is our read end of its status pipe, ``status_fd`` the write end as numbered in
+    it, ``sock`` its port socket (unbound), ``scratch`` its temp dir (ours to remove now).
+    """
+
+    pid: int
+    stdin: IO[bytes]
+    stdout: IO[bytes]
+    status_r: int
+    status_fd: int
+    port_fd: int
+    sock: socket.socket
+    scratch: str
+    conn: socket.socket
+    returncode: int | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+    discarded: bool = False
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._await_exit, daemon=True, name="tfos-spare-exit").start()
+
+    def _await_exit(self) -> None:
+        """Read the spare's exit status from the keeper; if the keeper dies first, kill the spare."""
+        data = b""
+        with contextlib.suppress(OSError):
+            while not data.endswith(b"\n") and (chunk := self.conn.recv(256)):
+                data += chunk
+        try:
+            self.returncode = int(json.loads(data)["code"])
+        except (ValueError, KeyError, TypeError):
+            if not self.discarded:
+                log.error("tfonspark supervisor: the keeper of spare TF process %d is gone; killing it", self.pid)
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+            while _alive(self.pid):
+                time.sleep(_POLL_SECS)
+            self.returncode = -signal.SIGKILL
+        self.conn.close()
+        self.ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self.ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"spare TF process {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def set_env(self, env: dict[str, str]) -> None:
+        """Give it the new attempt's ``env`` (one JSON line); its bootstrap follows on the same stdin."""
+        with contextlib.suppress(OSError):
+            self.stdin.write(json.dumps(env).encode() + b"\n")
+
+    def discard(self) -> None:
+        """Not used after all: closing the keeper connection makes the keeper kill it."""
+        self.discarded = True
+        for stream in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        with contextlib.suppress(OSError):
+            os.close(self.status_r)
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)
+        self.ended.wait(5.0)
+        remove_scratch(self.scratch)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def adopt(paths: list[str], digest: str) -> Adopted | None:
+    """The first spare of ``paths`` whose environment matches ``digest``, handed over; None if none."""
+    for path in paths:
+        spare = _take(path)
+        if spare is None:
+            continue
+        hello, adopted = spare
+        if hello.get("env") == digest:
+            return adopted
+        log.warning("tfonspark supervisor: spare TF process %d has another environment: not used", adopted.pid)
+        adopted.discard()
+    return None
+
+
+def _take(path: str) -> tuple[dict[str, Any], Adopted] | None:
+    """Connect to the keeper at ``path`` and receive its spare, or None (no keeper there, or it refused)."""
+    if not os.path.exists(path):
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(5.0)
+        conn.connect(path)
+        message, fds, _, _ = socket.recv_fds(conn, _HELLO_BYTES, 4)
+        conn.settimeout(None)
+    except OSError:
+        conn.close()
+        return None
+    if len(fds) != 4 or not message:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    hello = json.loads(message)
+    stdin_fd, stdout_fd, status_r, sock_fd = fds
+    adopted = Adopted(
+        pid=int(hello["pid"]),
+        stdin=os.fdopen(stdin_fd, "wb"),
+        stdout=os.fdopen(stdout_fd, "rb"),
+        status_r=status_r,
+        status_fd=int(hello["status_fd"]),
+        port_fd=int(hello["port_fd"]),
+        sock=socket.socket(fileno=sock_fd),
+        scratch=str(hello["scratch"]),
+        conn=conn,
+    )
+    return hello, adopted
+
+
+# ---- the keeper process --------------------------------------------------------------------------
+def _listen(path: str) -> socket.socket:
+    """A Unix socket listening at ``path``, there only once it listens (bound aside, then renamed).
+
+    A socket a keeper that died left at ``path`` is replaced; a live keeper's is not (OSError).
+    """
+    aside = f"{path}.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(aside)
+        listener.listen(1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            if probe.connect_ex(path) == 0:
+                raise FileExistsError(f"a spare waits at {path} already")
+        os.replace(aside, path)
+    except BaseException:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(aside)
+        raise
+    return listener
+
+
+class _Spare:
+    """The keeper's side: the spare process, its pipes and port socket, and the listening socket."""
+
+    def __init__(self, path: str, label: list[str]) -> None:
+        self.path, self.scratch = path, os.environ.get("TMPDIR", "")
+        self.listener = _listen(path)
+        self.sock = unbound_socket()
+        self.status_r, status_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", SPARE_CODE, *label],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(self.sock.fileno(), status_w),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(self.status_r)
+            self.sock.close()
+            self.unlisten()
+            raise
+        finally:
+            os.close(status_w)
+        self.status_w = status_w  # its number in the spare (inherited as numbered here)
+
+    def hand_over(self, conn: socket.socket) -> None:
+        """Send the spare to ``conn``'s supervisor, then drop our copies of what it now holds."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        hello = {
+            "pid": self.proc.pid,
+            "status_fd": self.status_w,
+            "port_fd": self.sock.fileno(),
+            "scratch": self.scratch,
+            "env": env_digest(dict(os.environ)),
+        }
+        fds = [self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.status_r, self.sock.fileno()]
+        socket.send_fds(conn, [json.dumps(hello).encode()], fds)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        os.close(self.status_r)
+        self.sock.close()
+
+    def discard(self) -> None:
+        """Kill the spare (its group) if it runs, reap it, remove its temp dir and our socket."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        remove_scratch(self.scratch)
+        self.unlisten()
+
+    def unlisten(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self.listener.close()
+
+
+def _owner_says(kept: float | None, wait: float) -> tuple[bool, float | None]:
+    """Read the starting supervisor's word on stdin: (still there, keep-until deadline)."""
+    data = os.read(0, 64)
+    if b"keep" in data and kept is None:
+        kept = time.monotonic() + wait
+    return bool(data), kept
+
+
+def _wait_for_adopter(spare: _Spare, wait: float) -> socket.socket | None:
+    """Until the next attempt's supervisor connects (its connection), or the spare must go (None)."""
+    owner, kept = True, None
+    while spare.proc.poll() is None:
+        if not owner and (kept is None or time.monotonic() > kept):
+            return None
+        listening = spare.listener.fileno()
+        readable, _, _ = select.select([listening, *([0] if owner else [])], [], [], _POLL_SECS)
+        if 0 in readable:
+            owner, kept = _owner_says(kept, wait)
+        if listening in readable:
+            conn, _ = spare.listener.accept()
+            uid = _peer_uid(conn)
+            if uid == os.getuid():
+                return conn
+            conn.close()
+    return None
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(creds[4:8], sys.byteorder)
+
+
+def _serve_exit(proc: subprocess.Popen[bytes], conn: socket.socket) -> None:
+    """After the hand-over: send the spare's exit status; if the adopter goes first, kill the spare."""
+    while proc.poll() is None:
+        readable, _, _ = select.select([conn], [], [], _POLL_SECS)
+        if readable and not conn.recv(64):  # the adopter is gone
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"code": proc.returncode}).encode() + b"\n")
+    conn.close()
+
+
+def keeper_main(argv: list[str]) -> int:
+    """``python -m tfonspark.executor.spare PATH WAIT [label...]``: keep one spare, hand it over once.
+
+    However it ends, the spare has exited (killed if need be) and its temp dir is gone before
+    the keeper exits.
+    """
+    path, wait, label = argv[0], float(argv[1]), argv[2:]
+    try:
+        spare = _Spare(path, label)
+    except OSError:
+        remove_scratch(os.environ.get("TMPDIR", ""))
+        return 1
+    try:
+        conn = _wait_for_adopter(spare, wait)
+        spare.unlisten()
+        if conn is not None:
+            spare.hand_over(conn)
+            _serve_exit(spare.proc, conn)
+    finally:
+        spare.discard()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(keeper_main(sys.argv[1:]))

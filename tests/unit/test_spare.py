@@ -1,0 +1,170 @@
+"""The warm spare kept across a whole-cluster restart (executor/spare.py): its keeper's rules.
+
+The spare imports a stand-in ``tensorflow`` (an empty package first on its ``PYTHONPATH``), so
+it is ready at once; what is checked is the keeper: discarded without ``keep``, handed over once
+to an adopter whose environment matches, its exit status (a signal included) reported to the
+adopter, killed when the adopter goes, and gone once nobody came within its wait. Then which
+nodes keep a spare, and when it is kept for the next attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from tfonspark.config import NodeConfig
+from tfonspark.driver.restarts import Attempts
+from tfonspark.executor.spare import Keeper, adopt, env_digest
+from tfonspark.executor.supervisor import Supervisor
+
+WAIT = 1.0  # how long a kept spare waits for an adopter here
+
+
+def _until(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def started(tmp_path: Path):
+    """A keeper at ``tmp_path/k.sock`` with its spare's scratch dir and environment."""
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text("")
+    scratch = tmp_path / "tfos-node-spare"
+    scratch.mkdir()
+    path = str(tmp_path / "k.sock")
+    python_path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=python_path)
+    keeper = Keeper.start(path, env, ["--cluster", "spare-test"], wait=WAIT)
+    assert _until(lambda: os.path.exists(path)), "the keeper never listened"
+    yield keeper, path, env, scratch
+    if keeper.proc.poll() is None:
+        keeper.proc.kill()
+        keeper.proc.wait()
+
+
+def test_discarded_without_keep(started) -> None:
+    keeper, path, _, scratch = started
+    keeper.release(keep=False)
+    assert keeper.proc.returncode == 0
+    assert not os.path.exists(path) and not scratch.exists()
+
+
+def test_kept_then_gone_when_nobody_comes(started) -> None:
+    keeper, path, _, scratch = started
+    keeper.release(keep=True)
+    assert keeper.proc.poll() is None and os.path.exists(path)  # waiting for the next attempt
+    assert _until(lambda: keeper.proc.poll() is not None, WAIT + 10)
+    assert not os.path.exists(path) and not scratch.exists()
+
+
+def test_adopted_once_reports_a_signal_and_ends_its_keeper(started) -> None:
+    keeper, path, env, scratch = started
+    keeper.release(keep=True)
+    spare = adopt([str(Path(path).with_name("none.sock")), path], env_digest(dict(env, TF_CONFIG="{}")))
+    assert spare is not None and _alive(spare.pid)
+    assert spare.scratch == str(scratch) and not os.path.exists(path)  # nobody else gets it
+    assert adopt([path], env_digest(env)) is None
+    spare.set_env({"TF_CONFIG": "{}"})  # then it waits for its bootstrap
+    assert spare.poll() is None
+    os.killpg(spare.pid, signal.SIGKILL)
+    assert spare.wait(10) == -signal.SIGKILL
+    assert _until(lambda: keeper.proc.poll() is not None)
+    spare.discard()
+
+
+def test_another_environment_is_refused_and_the_spare_killed(started) -> None:
+    keeper, path, env, scratch = started
+    assert adopt([path], env_digest(dict(env, CUDA_VISIBLE_DEVICES="1"))) is None
+    assert _until(lambda: keeper.proc.poll() is not None)
+    assert not scratch.exists()
+
+
+def test_killed_when_its_adopter_goes(started) -> None:
+    keeper, path, env, scratch = started
+    spare = adopt([path], env_digest(env))
+    assert spare is not None
+    pid = spare.pid
+    spare.discard()  # as when the adopting supervisor dies: its connection closes
+    assert _until(lambda: not _alive(pid)) and _until(lambda: keeper.proc.poll() is not None)
+    assert not scratch.exists()
+
+
+# ---- who keeps a spare, and when it is kept ---------------------------------------------------
+def _config(**overrides) -> NodeConfig:
+    return NodeConfig(cluster_id="spare-test", driver_host="127.0.0.1", driver_port=1, secret_hex="0" * 32, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("job", "keep", "server_restarts", "spark", "wanted"),
+    [
+        ("worker", True, 0, True, True),
+        ("chief", True, 0, True, True),
+        ("worker", False, 0, True, False),  # the last attempt, or max_restarts=0
+        ("worker", True, 3, True, False),  # restarts in place with its standby instead
+        ("ps", True, 0, True, False),
+        ("evaluator", True, 0, True, False),
+        ("worker", True, 0, False, False),  # no Spark executor to find it by
+    ],
+)
+def test_which_nodes_keep_a_spare(monkeypatch, job, keep, server_restarts, spark, wanted) -> None:
+    if spark:
+        monkeypatch.setenv("SPARK_LOCAL_DIRS", "/tmp/blockmgr-test")
+    else:
+        monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    sup = Supervisor(_config(keep_spare=keep, server_restarts=server_restarts), 0, [], b"")
+    sup.job_name = job
+    assert sup._wants_spare() is wanted
+
+
+@pytest.mark.parametrize(
+    ("ended", "executor_gone", "kept"),
+    [
+        ((1, "Traceback"), "", True),  # map_fun failed
+        ((-9, ""), "", True),  # killed
+        ((-15, ""), "", True),  # stopped for another node's failure
+        ((0, ""), "", False),  # done: no restart follows
+        (None, "", False),  # could not start
+        ((-15, ""), "the executor exited", False),  # its executor is gone: the spare goes with it
+    ],
+)
+def test_a_spare_is_kept_only_after_a_failure(ended, executor_gone, kept) -> None:
+    released: list[bool] = []
+    sup = Supervisor(_config(keep_spare=True), 0, [], b"")
+    sup._keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))
+    sup.executor_gone = executor_gone
+    sup._release_spare(ended)
+    assert released == [kept] and sup._keeper is None
+
+
+def test_the_driver_asks_for_spares_while_a_restart_may_follow() -> None:
+    gang = types.SimpleNamespace(config=_config())
+    attempts = Attempts(gang, 2, lambda attempt: gang, None, lambda: True)
+    for attempt, keep in [(0, True), (1, True), (2, False)]:
+        attempts._mark_spares(attempt)
+        assert gang.config.keep_spare is keep, attempt
+    never = Attempts(gang, 0, None, None, lambda: True)
+    never._mark_spares(0)
+    assert gang.config.keep_spare is False
