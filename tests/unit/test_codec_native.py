@@ -205,3 +205,22 @@ def test_without_the_c_packer_rows_pack_as_before(monkeypatch):
     batch = pack_rows([([1.0, 2.0], 1), ([3.0, 4.0], 2)])
     assert [c.tolist() for c in batch.columns] == [[[1.0, 2.0], [3.0, 4.0]], [1, 2]]
     assert list(itertools.chain(*(c.dtype.str for c in batch.columns))) == list("<f8<i8")
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "value",
+    [[1.5, 2], [1, 2], (1, 2.0), [2**63 - 1, -(2**63)], [0.5, 2**63 - 1], [np.float64(1), 2], [1, 2**63], [True, 1]]
+    + [[1.0, None], [1.0, "x"], [np.float32(1)], [[1.0]], [], "ab", 1.0, [np.int64(1)], [1.0, 1j], [10**400]],
+)
+def test_number_code_is_numpys_dtype_or_none(value):
+    code = codec.native.number_code(value)
+    if code is not None:
+        assert code == {"float64": "d", "int64": "q"}[str(np.asarray(value).dtype)]
+    else:
+        assert (
+            type(value) not in (list, tuple)
+            or not value
+            or not all(type(v) in (float, int) for v in value)
+            or (any(type(v) is int and not -(2**63) <= v < 2**63 for v in value))
+        )

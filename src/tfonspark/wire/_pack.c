@@ -29,9 +29,9 @@
 
 _Static_assert(sizeof(double) == 8 && sizeof(long long) == 8, "float64 and int64 are 8 bytes");
 
-/* One number as a double (code "d") or an int64 (code "q") into dst; -1 to fall back. */
+/* pack_number's cases other than an exact float for "d" (kept out of line: the loop stays small). */
 static int
-pack_number(PyObject *v, int as_double, char *dst)
+pack_other(PyObject *v, int as_double, char *dst)
 {
     int overflow = 0;
     long long i;
@@ -61,6 +61,18 @@ pack_number(PyObject *v, int as_double, char *dst)
         memcpy(dst, &i, sizeof i);
     }
     return 0;
+}
+
+/* One number as a double (code "d") or an int64 (code "q") into dst; -1 to fall back. */
+static inline int
+pack_number(PyObject *v, int as_double, char *dst)
+{
+    if (as_double && PyFloat_CheckExact(v)) { /* the common case */
+        double d = PyFloat_AS_DOUBLE(v);
+        memcpy(dst, &d, sizeof d);
+        return 0;
+    }
+    return pack_other(v, as_double, dst);
 }
 
 /* The value of one row: the row itself, or its item `field`; NULL to fall back. */
@@ -166,7 +178,42 @@ pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
+/* number_code(value) -> "d", "q" or None: the code of numpy's dtype for a non-empty exact list
+ * or tuple of floats (float subclasses too) and exact ints within int64: float64 ("d") if any is
+ * a float, else int64 ("q"), as np.asarray(value) gives; None for anything else (bools, other
+ * types, bigger ints, nesting, empty), where the caller asks numpy. Reads no more than it must. */
+static PyObject *
+number_code(PyObject *Py_UNUSED(module), PyObject *value)
+{
+    int any_float = 0;
+
+    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) == 0) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    PyObject **items = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *v = items[i];
+        if (PyFloat_Check(v)) {
+            any_float = 1;
+            continue;
+        }
+        int overflow = 0;
+        if (!PyLong_CheckExact(v)) {
+            Py_RETURN_NONE;
+        }
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    return PyUnicode_FromString(any_float ? "d" : "q");
+}
+
 static PyMethodDef methods[] = {
+    {"number_code", number_code, METH_O,
+     "number_code(value) -> 'd', 'q' or None: numpy's float64/int64 for a flat list/tuple of numbers."},
     {"pack_column", (PyCFunction)(void (*)(void))pack_column, METH_FASTCALL,
      "pack_column(out, rows, rowtype, fields, field, width, code) -> bool: one column of rows of "
      "floats/ints into out; False where the pure-Python packer must decide."},

@@ -413,17 +413,12 @@ def _plain_row_type(cls: type) -> bool:
 def _number_spec(value: Any) -> tuple[np.dtype, int] | None:
     """(dtype, width) of a value that ``_pack.c`` packs as the pure-Python path would: a float or an
     int (width 0; numpy's float64/int64 for a column of them), or a non-empty flat list/tuple of
-    numbers (:func:`_pack_sequences`'s dtype); None for anything else."""
+    numbers (numpy's dtype for it, as :func:`_pack_sequences` probes); None for anything else."""
     cls = type(value)
     if cls is float or cls is int:
         return _F8 if cls is float else _I8, 0
-    if cls not in _SEQUENCES or not value:
-        return None
-    try:
-        probe = np.asarray(value)
-    except Exception:  # whatever numpy makes of it (ragged, recursive), the pure-Python path decides
-        return None
-    return (probe.dtype, len(value)) if probe.ndim == 1 and probe.dtype in _STRUCT_CODES else None
+    code = native.number_code(value)  # np.asarray's dtype, ~10x faster; None for anything unusual
+    return None if code is None else (_F8 if code == "d" else _I8, len(value))
 
 
 def _uniform_sequences(rows: Sequence[Any], width: int) -> bool:
