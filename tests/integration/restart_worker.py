@@ -5,7 +5,11 @@ checkpoint_every_steps=...)`` for a few epochs, from a numpy file (``InputMode.T
 from the Spark feed (``InputMode.SPARK``). What they do is told to the driver with
 ``ctx.report``, so a test can kill a node at a known step and measure the recovery:
 
-* ``{"kind": "start"}`` when ``map_fun`` starts: ``attempt``, ``pid`` and time;
+* ``{"kind": "start"}`` when ``map_fun`` starts: ``attempt``, ``pid``, time, and ``spare``:
+  whether this TF process was the previous attempt's warm spare (``executor/spare.py``);
+* ``{"kind": "ready"}`` once the model is built: when TensorFlow was imported
+  (``imported``), the strategy formed its collectives (``strategy``) and the model was built
+  (``t``);
 * ``{"kind": "begin"}`` at ``on_train_begin``, after the restore: ``iterations`` = the
   optimizer steps the restored checkpoint holds (0 on a fresh start);
 * ``{"kind": "step"}`` after the first training step of each attempt: ``step`` (global) and time,
@@ -71,12 +75,17 @@ def write_data(path: str, mnist_dir: str, train_rows: int, test_rows: int) -> st
 
 
 def step_checkpoints() -> bool:
-    """Whether ``tfonspark.keras.fit`` takes ``checkpoint_every_steps`` (else: epoch checkpoints)."""
+    """Whether ``tfonspark.keras.fit`` takes ``checkpoint_every_steps`` (else: epoch checkpoints).
+
+    It is a named parameter in older versions, one of its ``**options`` (``FitOptions``) now.
+    """
     import inspect
 
-    from tfonspark.keras import fit
+    from tfonspark.distribute import keras_fit
 
-    return "checkpoint_every_steps" in inspect.signature(fit).parameters
+    options = getattr(keras_fit, "FitOptions", None)
+    named = inspect.signature(keras_fit.fit).parameters
+    return "checkpoint_every_steps" in named or "checkpoint_every_steps" in getattr(options, "__annotations__", {})
 
 
 def tf_port() -> int:
@@ -100,7 +109,7 @@ def main(job: Job, ctx: Any) -> None:
     """``map_fun``: train, report, and on the chief report the test accuracy."""
     attempt = attempt_of(ctx)
     start = {"kind": "start", "attempt": attempt, "pid": os.getpid(), "port": tf_port(), "t": time.time()}
-    ctx.report({**start, "tmpdir": os.environ.get("TMPDIR", "")})
+    ctx.report({**start, "tmpdir": os.environ.get("TMPDIR", ""), "spare": _is_spare()})
     if job.fail_worker is not None and ctx.task_index == job.fail_worker:
         _fail(job, ctx, attempt)
     if job.fail_worker is not None:
@@ -110,14 +119,17 @@ def main(job: Job, ctx: Any) -> None:
 
     from tfonspark import distribute
 
+    imported = time.time()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     strategy = distribute.strategy()  # before any other TensorFlow op
+    formed = time.time()
     from tfonspark.keras import fit
 
     data = np.load(job.data)
     with strategy.scope():
         model = _model(job.seed)
+    ctx.report({"kind": "ready", "attempt": attempt, "imported": imported, "strategy": formed, "t": time.time()})
     feed = ctx.get_data_feed() if job.feed else None
     counter = _Rows(ctx, attempt)
     extra: dict[str, Any] = {}
@@ -151,6 +163,15 @@ def main(job: Job, ctx: Any) -> None:
     if ctx.is_chief:
         done["accuracy"] = _accuracy(model, data["x_test"], data["y_test"])
     ctx.report(done)
+
+
+def _is_spare() -> bool:
+    """Whether this process started as a spare (``python -c SPARE_CODE``), not ``-m ...entry``."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return b"runpy.run_module" in f.read()
+    except OSError:
+        return False
 
 
 def _fail(job: Job, ctx: Any, attempt: int) -> None:

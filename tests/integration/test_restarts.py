@@ -107,6 +107,10 @@ def test_tf_process_killed_in_epoch_2_resumes_from_step_checkpoint(sc, data, bas
     cluster.shutdown(timeout=240)
     _check_recovered(cluster, chaos, baseline)
     assert all(r.metrics["attempt"] == 1 for r in chaos.of("done"))
+    # attempt 1 took over each executor's warm spare (TensorFlow imported): new processes all the same
+    starts = chaos.of("start", 1)
+    assert len(starts) == 2 and all(r.metrics["spare"] for r in starts), [r.metrics for r in starts]
+    assert not {r.metrics["pid"] for r in starts} & {r.metrics["pid"] for r in chaos.of("start", 0)}
 
 
 def _feed_rows(sc, data: str, partitions: int):
