@@ -13,9 +13,11 @@ or ``--mnist`` / ``--fashion``) it trains the demo CNN (:func:`tfonspark.demo.bu
   (two executors with one core each, one TensorFlow node per executor);
 
 then evaluates every exported SavedModel on the test set here, and prints a Markdown table:
-accuracy, the difference to plain Keras in points, and wall times. "train s" is ``model.fit``
-for plain Keras and ``tfonspark.run`` .. ``cluster.shutdown`` for the cluster (TF process
-start-up, data loading, training, per-epoch validation and export; Spark start-up excluded).
+accuracy, the difference to plain Keras in points, steps per epoch, and wall times. "train s" is
+``model.fit`` for plain Keras and ``tfonspark.run`` .. ``cluster.shutdown`` for the cluster (TF
+process start-up, data loading, training, per-epoch validation and export; Spark start-up
+excluded). Both cluster runs do the same work: ``train rows // global batch`` steps per epoch,
+each of one full global batch (plain Keras also trains the last, partial batch of each epoch).
 
 Checks (exit status 1 if one fails): MNIST >= 99.0% in both modes, Fashion-MNIST >= 90.0%, and
 every cluster run within 0.3 points of plain Keras.
@@ -54,6 +56,7 @@ class Result:
     train_seconds: float
     total_seconds: float
     node_accuracy: float | None = None
+    steps_per_epoch: int | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -115,7 +118,8 @@ def train_plain(name: str, data: tuple, args: argparse.Namespace) -> Result:
     model.fit(train, epochs=epochs, validation_data=test, verbose=2)
     seconds = time.monotonic() - started
     accuracy = accuracy_of(lambda b: model(b, training=False), xt, yt)
-    return Result(name, "plain Keras, 1 process", accuracy, seconds, seconds)
+    steps = -(-len(x) // batch)  # the last batch of each epoch is partial
+    return Result(name, "plain Keras, 1 process", accuracy, seconds, seconds, steps_per_epoch=steps)
 
 
 def train_cluster(name: str, data_dir: str, mode: str, args: argparse.Namespace, work: Path, test: tuple) -> Result:
@@ -151,21 +155,25 @@ def train_cluster(name: str, data_dir: str, mode: str, args: argparse.Namespace,
         metrics["cluster_seconds"],
         total,
         metrics["test_accuracy"],
+        metrics.get("steps_per_epoch"),
     )
 
 
 def table(results: list[Result]) -> str:
     """The Markdown table: accuracy, gap to plain Keras, wall times and their ratio."""
     lines = [
-        "| dataset | run | test accuracy | vs plain (points) | train s | train s / plain |",
-        "|---|---|---:|---:|---:|---:|",
+        "| dataset | run | test accuracy | vs plain (points) | steps/epoch | train s | train s / plain |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     plain = {r.dataset: r for r in results if r.run.startswith("plain")}
     for r in results:
         base = plain.get(r.dataset)
         gap = f"{100 * (r.accuracy - base.accuracy):+.2f}" if base and base is not r else ""
         ratio = f"{r.train_seconds / base.train_seconds:.2f}" if base else ""
-        lines.append(f"| {r.dataset} | {r.run} | {r.accuracy:.2%} | {gap} | {r.train_seconds:.0f} | {ratio} |")
+        steps = "" if r.steps_per_epoch is None else str(r.steps_per_epoch)
+        lines.append(
+            f"| {r.dataset} | {r.run} | {r.accuracy:.2%} | {gap} | {steps} | {r.train_seconds:.0f} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

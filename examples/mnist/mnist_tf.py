@@ -7,8 +7,11 @@ loads the four idx files from ``--data`` (a path every executor can read), keeps
 ``task_index, task_index + num_workers, ...`` of the training and test sets, and trains the demo
 CNN with :func:`tfonspark.keras.fit` under ``MultiWorkerMirroredStrategy``: the global batch
 (``--batch-size``) is split across the nodes and the gradients are all-reduced at every step.
-An epoch is one pass over each node's shard; the test shards are the validation data, so the
-last epoch's ``val_accuracy`` (summed over the nodes) is the accuracy on the whole test set.
+An epoch is ``train rows // global batch`` steps (as in ``mnist_spark.py``) over each node's
+shard, shuffled and repeated, so that no epoch ends by running out of data (that stalled
+TensorFlow for 14-36 s per epoch under this strategy: see ``_dataset_fn``). The test shards are the
+validation data, so the last epoch's ``val_accuracy`` (summed over the nodes) is the accuracy on
+the whole test set.
 
 Every node exports the model (the chief keeps it) to ``<output-dir>/export``, a SavedModel for
 ``mnist_inference.py``; the chief writes ``<output-dir>/metrics.json`` (history, accuracy,
@@ -85,12 +88,14 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
     rows = args.max_train_rows or len(data.train_images)
     train = _shard(data.train_images[:rows], data.train_labels[:rows], ctx)
     test = _shard(data.test_images, data.test_labels, ctx)
+    steps = max(1, rows // args.batch_size)  # global steps per epoch, as in mnist_spark.py
     with strategy.scope():
-        model = build_model(data.image_shape, data.num_classes, total_steps=args.epochs * (rows // args.batch_size))
+        model = build_model(data.image_shape, data.num_classes, total_steps=args.epochs * steps)
     history = fit(
         model,
-        _dataset_fn(*train, args.batch_size, shuffle=True),
+        _dataset_fn(*train, args.batch_size, training=True),
         epochs=args.epochs,
+        steps_per_epoch=steps,
         validation_data=_dataset_fn(*test, args.batch_size),
         model_dir=args.model_dir,
         on_progress=_epoch_reporter(ctx),
@@ -105,6 +110,7 @@ def main_fun(args: argparse.Namespace, ctx: Any) -> None:
                 "nodes": ctx.num_workers,
                 "train_rows": rows,
                 "epochs": args.epochs,
+                "steps_per_epoch": steps,
                 "history": history.history,
                 "test_accuracy": history.history["val_accuracy"][-1],
                 "node_seconds": time.monotonic() - started,
@@ -135,14 +141,22 @@ def _shard(images: Any, labels: Any, ctx: Any) -> tuple[Any, Any]:
     return features, labels[mine].astype("int64")
 
 
-def _dataset_fn(features: Any, labels: Any, global_batch: int, shuffle: bool = False) -> Any:
-    """A dataset_fn for fit: this node's rows in per-node batches (already sharded)."""
+def _dataset_fn(features: Any, labels: Any, global_batch: int, training: bool = False) -> Any:
+    """A dataset_fn for fit: this node's rows in per-node batches (already sharded).
+
+    Training data is shuffled and repeated: ``fit`` runs ``steps_per_epoch`` steps on it and
+    never reaches its end. An epoch that ends by running out of data ends with an
+    ``OutOfRangeError`` raised inside a step function that holds collectives; under
+    ``MultiWorkerMirroredStrategy`` (TF 2.21) the next collective then stalled for 14-36 s, at
+    every epoch end (``benchmarks/README.md``, accuracy). An infinite dataset also spares every
+    step the all-reduce by which the workers agree that one of them still has data.
+    """
     import tensorflow as tf
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices((features, labels))
-        if shuffle:
-            ds = ds.shuffle(len(features), seed=context.input_pipeline_id)
+        if training:
+            ds = ds.shuffle(len(features), seed=context.input_pipeline_id).repeat()
         return ds.batch(context.get_per_replica_batch_size(global_batch)).prefetch(2)
 
     return dataset_fn
@@ -198,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_spark(sc)
     print(
         f"test accuracy: {metrics['test_accuracy']:.4f} ({args.nodes} nodes, "
-        f"{args.epochs} epochs, {metrics['train_rows']} training rows, "
+        f"{args.epochs} epochs x {metrics['steps_per_epoch']} steps, {metrics['train_rows']} training rows, "
         f"{metrics['cluster_seconds']:.0f} s); model exported to {args.output_dir}/export"
     )
     return 0
