@@ -132,7 +132,9 @@ class Keeper:
         """Start a keeper at ``path`` whose spare gets ``env`` (its ``TMPDIR`` is the spare's scratch);
         kept, it waits ``wait`` seconds for the next attempt."""
         command = [sys.executable, "-m", "tfonspark.executor.spare", path, str(wait), *label]
-        return cls(subprocess.Popen(command, stdin=subprocess.PIPE, env=env, start_new_session=True))
+        # not our stdout: that is the node task's status pipe, which the keeper must not hold open
+        stdin, stdout = subprocess.PIPE, subprocess.DEVNULL
+        return cls(subprocess.Popen(command, stdin=stdin, stdout=stdout, env=env, start_new_session=True))
 
     def release(self, keep: bool, wait: float = 5.0) -> None:
         """Let go of it: ``keep`` it for the next attempt, or discard it (waiting up to ``wait`` s)."""
