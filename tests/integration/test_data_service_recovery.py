@@ -72,16 +72,18 @@ def test_killed_worker_restarts_in_place_and_the_job_goes_on(sc, tmp_path):
         assert reader.error is None, reader.error
         assert _wait(lambda: bool(svc.cluster.server_restarts), 10), "no ServerRestarted event"
         restart = svc.cluster.server_restarts[0]
+        lost_began = time.monotonic()
         failed_after = _lost_for_good(svc)
     assert "lost" in str(ended.value), ended.value
     assert _wait(lambda: not node_processes([svc.cluster.cluster_id]), 20), "node processes left behind"
+    lost_s = time.monotonic() - lost_began  # the lost-for-good scenario, its shutdown included
     counts = collections.Counter(collections.Counter(reader.got).values())
     third = [t for x, t in zip(reader.got, reader.times) if x == 0][2:3]  # the restarted task's first element
     again = f"{third[0] - killed:.1f}s" if third else "never"
     print(
         f"[measured] killed after {before} elements; restarted worker's elements again after {again}; "
         f"read {len(reader.got)}; times each element was read: {dict(counts)}; {restart}; "
-        f"worker 0 lost for good: svc.watch failed {failed_after:.2f}s after"
+        f"worker 0 lost for good: svc.watch failed {failed_after:.2f}s after (scenario {lost_s:.1f}s)"
     )
     assert set(counts) <= {2, 3}, counts  # nothing lost; what the killed worker had sent is sent again
 
