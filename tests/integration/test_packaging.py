@@ -10,6 +10,7 @@ but the stand-in). They need the package index, as ``make test`` does.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -76,3 +77,15 @@ def test_pip_adds_no_tensorflow_to_a_venv_that_has_one(wheel, tmp_path):
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "tfonspark" in planned
     assert not {name for name in planned if name.startswith(("tensorflow", "pyspark", "tf-keras"))}, planned
+
+
+def test_the_wheel_carries_the_optional_c_packer_where_a_compiler_is(wheel):
+    """``wire/_pack.c`` is built into the (platform) wheel, its source left out; without a C
+    compiler the build goes on without it (``optional = true`` in pyproject.toml)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert [n for n in names if n.startswith("tfonspark/wire/_pack.") and n.endswith(".so")], names
+    assert not [n for n in names if n.endswith(".c")]
+    assert not wheel.name.endswith("-none-any.whl")  # a platform wheel
