@@ -191,6 +191,8 @@ def test_the_c_packer_checks_its_buffer_and_keeps_reference_counts():
         codec.native.pack_column(out, rows, tuple, 2, 0, 2, "f")
     with pytest.raises(ValueError):
         codec.native.pack_column(out, rows, tuple, 2, 2, 2, "d")  # no field 2
+    with pytest.raises(ValueError):
+        codec.native.pack_column(out, rows, tuple, 2, 0, 2**61, "d")  # width * 8 would overflow
 
 
 def test_the_c_packer_is_built_where_a_c_compiler_is():

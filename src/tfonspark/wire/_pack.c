@@ -148,7 +148,7 @@ pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     if ((width = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (width < 0 || field >= fields || (field >= 0 && !PyType_Check(rowtype))) {
+    if (width < 0 || width > PY_SSIZE_T_MAX / 8 || field >= fields || (field >= 0 && !PyType_Check(rowtype))) {
         PyErr_SetString(PyExc_ValueError, "pack_column: bad width, field or rowtype");
         return NULL;
     }
