@@ -8,10 +8,10 @@ loads the four idx files from ``--data`` (a path every executor can read), keeps
 CNN with :func:`tfonspark.keras.fit` under ``MultiWorkerMirroredStrategy``: the global batch
 (``--batch-size``) is split across the nodes and the gradients are all-reduced at every step.
 An epoch is ``train rows // global batch`` steps (as in ``mnist_spark.py``) over each node's
-shard, shuffled and repeated, so that no epoch ends by running out of data (that stalled
-TensorFlow for 14-36 s per epoch under this strategy: see ``_dataset_fn``). The test shards are the
-validation data, so the last epoch's ``val_accuracy`` (summed over the nodes) is the accuracy on
-the whole test set.
+shard, shuffled and repeated, so that no epoch ends by running out of data (that often stalled
+TensorFlow for 14-36 s at an epoch end under this strategy: see ``_dataset_fn``). The test
+shards are the validation data, so the last epoch's ``val_accuracy`` (summed over the nodes) is
+the accuracy on the whole test set.
 
 Every node exports the model (the chief keeps it) to ``<output-dir>/export``, a SavedModel for
 ``mnist_inference.py``; the chief writes ``<output-dir>/metrics.json`` (history, accuracy,
@@ -147,8 +147,8 @@ def _dataset_fn(features: Any, labels: Any, global_batch: int, training: bool = 
     Training data is shuffled and repeated: ``fit`` runs ``steps_per_epoch`` steps on it and
     never reaches its end. An epoch that ends by running out of data ends with an
     ``OutOfRangeError`` raised inside a step function that holds collectives; under
-    ``MultiWorkerMirroredStrategy`` (TF 2.21) the next collective then stalled for 14-36 s, at
-    every epoch end (``benchmarks/README.md``, accuracy). An infinite dataset also spares every
+    ``MultiWorkerMirroredStrategy`` (TF 2.21) the next collective then often stalled 14-36 s at
+    the epoch end (``benchmarks/README.md``, accuracy). An infinite dataset also spares every
     step the all-reduce by which the workers agree that one of them still has data.
     """
     import tensorflow as tf
