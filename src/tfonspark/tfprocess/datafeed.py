@@ -29,6 +29,7 @@ __all__ = ["DataFeed", "feed_dataset"]
 _DRAIN_BATCH = 16_384  # rows per read while draining
 #: most result rows held back to travel as one frame (see ``DataFeed.batch_results``)
 _MAX_HELD_RESULTS = 65_536
+_MAX_HELD_BYTES = 4 << 20  # as big as a feeder's frames
 
 
 def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
@@ -497,7 +498,8 @@ class _HeldResults:
     answers until the frame's last row is answered costs one. Results are held only while the
     reader has more of the same frame in hand (it does not wait for data in between), and go
     out in order, at once, when a read ends a frame, the types change, or the feed is terminated.
-    Only numeric columns (copied) are held: other results are pickled at once, as they were.
+    Only numeric columns (copied) are held, up to 4 MB: other results are pickled at once, as
+    they were, and so are results of 4 MB or more.
     """
 
     def __init__(self) -> None:
@@ -505,32 +507,46 @@ class _HeldResults:
         self._stream: Stream | None = None
         self._batches: list[ColumnBatch] = []
         self._rows = 0
+        self._nbytes = 0
 
     def add(self, stream: Stream, batch: ColumnBatch, flush: bool) -> None:
         """Hold ``batch`` for ``stream``; send what is held if ``flush`` (or it cannot join)."""
         numeric = all(isinstance(c, np.ndarray) and c.dtype.kind in "biufc" for c in batch.columns)
         with self._lock:
             if self._batches and (stream is not self._stream or not _same_columns(self._batches[0], batch)):
-                self._send()
-            if not numeric:  # objects the caller may still change: pickled now, as before
-                flush = True
-            elif not flush:  # the caller may reuse its array for the next batch
-                batch = ColumnBatch([np.array(c) for c in batch.columns], batch.layout, batch.names, batch.kinds)
-            self._stream = stream
-            self._batches.append(batch)
-            self._rows += batch.count
-            if flush or self._rows >= _MAX_HELD_RESULTS:
-                self._send()
+                earlier = self._take()
+            else:
+                earlier = None
+            if not numeric or batch.nbytes >= _MAX_HELD_BYTES:
+                # objects the caller may still change (pickled now, as before), or a frame's worth
+                later, alone = self._take(), batch
+            else:
+                if not flush:  # the caller may reuse its array for the next batch
+                    batch = ColumnBatch([np.array(c) for c in batch.columns], batch.layout, batch.names, batch.kinds)
+                self._stream = stream
+                self._batches.append(batch)
+                self._rows += batch.count
+                self._nbytes += batch.nbytes
+                full = self._rows >= _MAX_HELD_RESULTS or self._nbytes >= _MAX_HELD_BYTES
+                later, alone = (self._take() if flush or full else None), None
+        for held in (earlier, later):  # sent outside the lock: a send may wait up to feed_timeout
+            if held is not None:
+                held[0].answer(held[1])
+        if alone is not None:
+            stream.answer(alone)
 
     def flush(self) -> None:
         """Send whatever is held."""
         with self._lock:
-            self._send()
+            held = self._take()
+        if held is not None:
+            held[0].answer(held[1])
 
-    def _send(self) -> None:
-        if self._batches and self._stream is not None:
-            self._stream.answer(_concat(self._batches))
-        self._stream, self._batches, self._rows = None, [], 0
+    def _take(self) -> tuple[Stream, ColumnBatch] | None:
+        """What is held, joined, and the stream it answers; nothing is held afterwards."""
+        held = (self._stream, _concat(self._batches)) if self._batches and self._stream is not None else None
+        self._stream, self._batches, self._rows, self._nbytes = None, [], 0, 0
+        return held
 
 
 def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[str, str] | None:
