@@ -61,13 +61,16 @@ def test_feed_benchmark_quick_run_prints_a_table():
 
 @pytest.mark.slow
 def test_inference_benchmark_quick_run_prints_a_table():
-    """inference.py measures tfonspark and predict_batch_udf and prints its table."""
-    out = _run_benchmark("inference.py", "--variants", "tfonspark,udf")
+    """inference.py measures both Cluster.inference reading styles and predict_batch_udf, first
+    pass and warm, and prints its table with the ratios."""
+    out = _run_benchmark("inference.py", "--variants", "rows,columns,udf")
     header, rows = _table(out)
-    rates = dict(zip(header, rows[0]))
-    assert len(rows) == 1 and "TFoS 2.2.5" not in header
-    assert rates["tfonspark"] not in ("", "n/a") and rates["predict_batch_udf"] not in ("", "n/a"), rates
-    assert "tfonspark >= 1x predict_batch_udf" in out
+    assert [r[0] for r in rows] == ["next_batch (rows)", "next_columns", "predict_batch_udf"]
+    for row in rows:
+        cells = dict(zip(header, row))
+        for column in ("first rows/s", "warm rows/s", "first / udf", "warm / udf"):
+            assert cells[column] not in ("", "n/a"), cells
+    assert "next_columns >= 1.5x predict_batch_udf (warm)" in out
 
 
 @pytest.mark.slow
