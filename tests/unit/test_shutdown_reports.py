@@ -24,6 +24,7 @@ def report_when_stopped(args: dict, ctx) -> None:
         return
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    ctx.report({"ready": True})  # the test stops the cluster only now: a SIGTERM before would kill it
     deadline = time.monotonic() + 120
     while not stopping and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -32,13 +33,22 @@ def report_when_stopped(args: dict, ctx) -> None:
 
 
 def _last_reports(cluster: tfonspark.Cluster) -> list[dict]:
-    return [r.metrics for r in cluster.reports if r.node == "ps:0"]
+    return [r.metrics for r in cluster.reports if r.node == "ps:0" and "last" in r.metrics]
+
+
+def _wait_until_ps0_ready(cluster: tfonspark.Cluster) -> None:
+    """ps:0's SIGTERM handler is installed (its TF process may take seconds to get there under load)."""
+    deadline = time.monotonic() + 60
+    while not any(r.node == "ps:0" and r.metrics.get("ready") for r in cluster.reports):
+        assert time.monotonic() < deadline, "ps:0 never reported that it was ready"
+        time.sleep(0.02)
 
 
 def test_a_report_sent_while_shutdown_stops_the_node_reaches_cluster_reports():
     cluster = tfonspark.run(
         FakeSparkContext(), report_when_stopped, {}, 3, num_ps=2, reservation_timeout=60, launcher=LocalLauncher()
     )
+    _wait_until_ps0_ready(cluster)
     cluster.shutdown(grace_secs=10, timeout=60)
     assert _last_reports(cluster) == [{"last": True, "signal": int(signal.SIGTERM)}]
 
@@ -55,6 +65,7 @@ def test_a_report_sent_while_stop_stops_the_node_reaches_cluster_reports():
         launcher=LocalLauncher(),
         on_report=lambda r: seen.append(r.metrics),
     )
+    _wait_until_ps0_ready(cluster)
     cluster.stop(grace_secs=10)
     assert _last_reports(cluster) == [{"last": True, "signal": int(signal.SIGTERM)}]
-    assert seen == [{"last": True, "signal": int(signal.SIGTERM)}]
+    assert [m for m in seen if "last" in m] == [{"last": True, "signal": int(signal.SIGTERM)}]
