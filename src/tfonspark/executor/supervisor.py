@@ -147,9 +147,11 @@ class Supervisor:
             standby = self._take_standby()
             if standby is not None:
                 standby.discard()
-            self._release_spare(ended)
-        if ended is not None:
-            self._report_exit(conn, *ended)
+            try:  # the exit first: discarding a spare waits for it, and the node that failed first is named first
+                if ended is not None:
+                    self._report_exit(conn, *ended)
+            finally:
+                self._release_spare(ended)
         return 0
 
     def _lives(
