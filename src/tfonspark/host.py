@@ -12,7 +12,7 @@ import socket
 __all__ = [
     "SCRATCH_PREFIX",
     "bind_address",
-    "executor_alive",
+    "process_alive",
     "executor_key",
     "executor_pid",
     "is_wildcard",
@@ -173,8 +173,9 @@ def executor_pid() -> int:
     return 0
 
 
-def executor_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not): the
+    supervisor's Spark executor, an adopted spare TF process."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -156,14 +156,14 @@ def test_a_node_goes_when_its_executor_goes(monkeypatch, tmp_path):
 def test_executor_liveness_sees_exited_and_zombie_processes():
     import subprocess
 
-    from tfonspark.host import executor_alive, executor_pid
+    from tfonspark.host import executor_pid, process_alive
 
-    assert executor_alive(os.getpid())
+    assert process_alive(os.getpid())
     assert executor_pid() == 0  # pytest is not a Spark JVM's Python worker
     child = subprocess.Popen(["sleep", "600"])
-    assert executor_alive(child.pid)
+    assert process_alive(child.pid)
     child.kill()
     time.sleep(0.2)  # killed, not reaped yet: a zombie
-    assert not executor_alive(child.pid)
+    assert not process_alive(child.pid)
     child.wait()
-    assert not executor_alive(child.pid)
+    assert not process_alive(child.pid)

@@ -26,6 +26,7 @@ from tfonspark.driver.ps import PSCluster
 from tfonspark.errors import NodeFailed
 from tfonspark.executor.standby import reserve_again
 from tfonspark.executor.supervisor import Supervisor
+from tfonspark.host import process_alive
 from tfonspark.testing import FakeDriver
 from tfonspark.wire import events as ev
 from tfonspark.wire import messages as m
@@ -54,14 +55,6 @@ def _wait(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _serving(args, ctx):
@@ -146,7 +139,7 @@ def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervise
     assert (restarted.restart, restarted.limit, restarted.exit_code, restarted.accepting) == (1, 1, -9, True)
     assert _wait(lambda: len(fake.of(m.NodeUp)) == 2, 30)
     second = fake.of(m.NodeUp)[-1]
-    assert second.tf_pid == standby and _accepts(port) and not _alive(first.tf_pid)  # the standby took over
+    assert second.tf_pid == standby and _accepts(port) and not process_alive(first.tf_pid)  # the standby took over
     assert fake.of(m.NodeExit) == []  # the driver saw no failure
     peer.close()
     os.kill(second.tf_pid, signal.SIGKILL)  # the limit is spent: now the node fails, saying so
@@ -154,7 +147,7 @@ def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervise
     assert exit_msg.exit_code == -9 and not exit_msg.stopped
     assert "restarted in place 1 time(s)" in exit_msg.traceback
     assert len(fake.of(ev.ServerRestarted)) == 1
-    assert proc.wait(15) == 0 and not _alive(second.tf_pid) and not _accepts(port)
+    assert proc.wait(15) == 0 and not process_alive(second.tf_pid) and not _accepts(port)
     assert not _standby(label)  # no standby once no restart is left
 
 

@@ -21,6 +21,7 @@ from tfonspark.config import NodeConfig
 from tfonspark.driver.restarts import Attempts
 from tfonspark.executor.spare import Keeper, adopt, env_digest
 from tfonspark.executor.supervisor import Supervisor
+from tfonspark.host import process_alive
 
 WAIT = 1.0  # how long a kept spare waits for an adopter here
 
@@ -32,18 +33,6 @@ def _until(predicate, timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -84,7 +73,7 @@ def test_adopted_once_reports_a_signal_and_ends_its_keeper(started) -> None:
     keeper, path, env, scratch = started
     keeper.release(keep=True)
     spare = adopt([str(Path(path).with_name("none.sock")), path], env_digest(dict(env, TF_CONFIG="{}")))
-    assert spare is not None and _alive(spare.pid)
+    assert spare is not None and process_alive(spare.pid)
     assert spare.scratch == str(scratch) and not os.path.exists(path)  # nobody else gets it
     assert adopt([path], env_digest(env)) is None
     spare.set_env({"TF_CONFIG": "{}"})  # then it waits for its bootstrap
@@ -108,7 +97,7 @@ def test_killed_when_its_adopter_goes(started) -> None:
     assert spare is not None
     pid = spare.pid
     spare.discard()  # as when the adopting supervisor dies: its connection closes
-    assert _until(lambda: not _alive(pid)) and _until(lambda: keeper.proc.poll() is not None)
+    assert _until(lambda: not process_alive(pid)) and _until(lambda: keeper.proc.poll() is not None)
     assert not scratch.exists()
 
 

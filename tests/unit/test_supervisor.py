@@ -22,6 +22,7 @@ import pytest
 
 from tfonspark.config import InputMode, NodeConfig
 from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
+from tfonspark.host import process_alive
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess import entry
 from tfonspark.wire import events as ev
@@ -48,18 +49,6 @@ def _feed_dirs() -> set[str]:
     """Feed socket dirs and the TF processes' private temp dirs (which hold them under a supervisor)."""
     tmp = tempfile.gettempdir()
     return set(glob.glob(os.path.join(tmp, "tfos-feed-*")) + glob.glob(os.path.join(tmp, "tfos-node-*")))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _wait(predicate, timeout: float) -> bool:
@@ -388,8 +377,8 @@ def test_sigkilled_supervisor_takes_its_tf_process_children_and_socket_along(dri
         assert _wait(lambda: len(fake.of(m.Heartbeat)) >= 2, 10), "the supervisor sends heartbeats"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        assert _wait(lambda: not _alive(up.tf_pid), 15), "the TF process outlived its supervisor"
-        assert _wait(lambda: not _alive(child), 15), "the TF process's children outlived it"
+        assert _wait(lambda: not process_alive(up.tf_pid), 15), "the TF process outlived its supervisor"
+        assert _wait(lambda: not process_alive(child), 15), "the TF process's children outlived it"
         assert not os.path.exists(os.path.dirname(up.data_path))
         assert fake.closed.wait(10) and fake.of(m.NodeExit) == []
     finally:
@@ -415,7 +404,7 @@ def test_a_silent_driver_gets_the_tf_process_stopped(driver, tmp_path):
         assert isinstance(exit_msg, m.NodeExit) and exit_msg.stopped
         assert exit_msg.exit_code == -signal.SIGTERM
         assert proc.wait(10) == 0
-        assert not _alive(up.tf_pid)
+        assert not process_alive(up.tf_pid)
         assert not os.path.exists(os.path.dirname(up.data_path))
         assert proc.stdout is not None
         assert '"stopped":true' in proc.stdout.read().decode()

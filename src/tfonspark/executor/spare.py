@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..host import remove_scratch
+from ..host import process_alive, remove_scratch
 from .standby import unbound_socket
 
 __all__ = [
@@ -188,7 +188,7 @@ class Adopted:
                 log.error("tfonspark supervisor: the keeper of spare TF process %d is gone; killing it", self.pid)
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
-            while _alive(self.pid):
+            while process_alive(self.pid):
                 time.sleep(_POLL_SECS)
             self.returncode = -signal.SIGKILL
         self.conn.close()
@@ -221,16 +221,6 @@ class Adopted:
             self.conn.shutdown(socket.SHUT_RDWR)
         self.ended.wait(5.0)
         remove_scratch(self.scratch)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def adopt(paths: list[str], digest: str) -> Adopted | None:

@@ -36,7 +36,7 @@ from typing import IO
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..errors import ConfigError, ProtocolError
-from ..host import SCRATCH_PREFIX, executor_alive, executor_key, local_ip_towards, remove_scratch, reserve_port
+from ..host import SCRATCH_PREFIX, executor_key, local_ip_towards, process_alive, remove_scratch, reserve_port
 from ..settings import COLLECTIVE_ENV
 from ..wire import events as ev
 from ..wire import messages as m
@@ -405,7 +405,7 @@ class Supervisor:
         Spark's accounting, holding memory and GPUs Spark gives to the replacement executor.
         """
         while not self.done.wait(EXECUTOR_POLL_SECS):
-            if not executor_alive(self.executor_pid):
+            if not process_alive(self.executor_pid):
                 self.executor_gone = f"the node's Spark executor (JVM pid {self.executor_pid}) exited; its TF process was stopped with it"
                 self.terminate(2.0)
                 return
