@@ -1,30 +1,96 @@
 """Smoke runs of the benchmarks: they still start, feed, infer and print their tables.
 
 Only tfonspark and plain-Spark variants (no TFoS install), small data, one shared Spark context
-per script (``--quick``). Speed is measured by the benchmarks themselves, never asserted here.
+(``--quick``). feed.py, inference.py and streaming.py run one after another in one subprocess
+(this file is its script), sharing that context: each script's own process would start Python,
+the JVM and two executor JVMs again. Speed is measured by the benchmarks themselves, never
+asserted here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import json
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # per script; both finish in well under 90 s together on an idle 2-core machine
+# the benchmarks that run in one shared process, by the test that checks each one's output
+SHARED: dict[str, tuple[str, ...]] = {
+    "test_feed_benchmark_quick_run_prints_a_table": (
+        "feed.py",
+        *("--variants", "rdd,df,plain", "--shapes", "tabular", "--row-types", "array,list"),
+    ),
+    "test_inference_benchmark_quick_run_prints_a_table": ("inference.py", "--variants", "rows,columns,udf"),
+    # 3 micro-batches as --quick's 150,000 rows give, of 10,000 rows each
+    "test_streaming_benchmark_quick_run_prints_both_ratios": (
+        "streaming.py",
+        "--rows",
+        "30000",
+        "--batch-rows",
+        "10000",
+    ),
+}
+SHARED_TIMEOUT = 560  # all three (under the tests' own 600 s); each took 31-35 s in CI at 2 cores
 
 
-def _run_benchmark(script: str, *args: str) -> str:
-    """Run ``benchmarks/<script> --quick ...``; return its stdout, failing with its output tail."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--no-install", *args]
+def _run_shared(runs: list[tuple[str, ...]], out: Path) -> None:
+    """The subprocess: ``main(["--quick", "--no-install", ...])`` of each benchmark in turn, on one
+    Spark context; writes each one's stdout and exit status (or traceback) to ``out``."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _common
+
+    from tfonspark.testing import SparkManager
+
+    _common.stop_spark = lambda: None  # type: ignore[assignment]  # the next script reuses it
+    results: dict[str, Any] = {}
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+        for script, *args in runs:
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(printed):
+                    rc = importlib.import_module(Path(script).stem).main(["--quick", "--no-install", *args])
+            except BaseException:  # noqa: BLE001 (SystemExit too: reported to the script's test)
+                rc, printed = 1, io.StringIO(printed.getvalue() + traceback.format_exc())
+            results[script] = {"rc": rc, "stdout": printed.getvalue()}
+            print(f"# {script} exited {rc}", file=sys.stderr, flush=True)
+    finally:
+        SparkManager.instance().stop()
+    out.write_text(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def shared_runs(request, tmp_path_factory) -> dict[str, Any]:
+    """Run the selected ones of :data:`SHARED` in one subprocess; their results by script."""
+    selected = [item.name for item in request.session.items if item.module is request.module]
+    runs = [SHARED[name] for name in SHARED if name in selected]
+    out = tmp_path_factory.mktemp("benchmarks") / "results.json"
+    cmd = [sys.executable, __file__, json.dumps(runs), str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=SHARED_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{script} did not finish within {TIMEOUT}s: {(exc.stdout or b'')[-2000:]!r}")
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+        pytest.fail(f"{[r[0] for r in runs]} did not finish within {SHARED_TIMEOUT}s: {(exc.stderr or b'')[-3000:]!r}")
+    assert proc.returncode == 0 and out.exists(), (
+        f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return {script: dict(result, stderr=proc.stderr) for script, result in json.loads(out.read_text()).items()}
+
+
+def _shared_output(shared_runs: dict[str, Any], script: str) -> str:
+    """``script``'s stdout from the shared run, failing with its output tail if it failed."""
+    result = shared_runs[script]
+    assert result["rc"] == 0, f"{script} exited {result['rc']}\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}"
+    return result["stdout"]
 
 
 def _table(out: str) -> tuple[list[str], list[list[str]]]:
@@ -41,10 +107,11 @@ def _table(out: str) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.slow
-def test_feed_benchmark_quick_run_prints_a_table():
+@pytest.mark.timeout(600)  # the first of the shared run's tests pays for all of it
+def test_feed_benchmark_quick_run_prints_a_table(shared_runs):
     """feed.py measures tfonspark RDD/DF and both plain-Spark limits, on array and list rows,
     warm and on the 1st pass, and prints its table."""
-    out = _run_benchmark("feed.py", "--variants", "rdd,df,plain", "--shapes", "tabular", "--row-types", "array,list")
+    out = _shared_output(shared_runs, "feed.py")
     header, rows = _table(out)
     assert [r[0] for r in rows] == ["tabular", "tabular-list"]
     assert "TFoS 2.2.5" not in header, "the TFoS variant was not asked for"
@@ -60,10 +127,11 @@ def test_feed_benchmark_quick_run_prints_a_table():
 
 
 @pytest.mark.slow
-def test_inference_benchmark_quick_run_prints_a_table():
+@pytest.mark.timeout(600)
+def test_inference_benchmark_quick_run_prints_a_table(shared_runs):
     """inference.py measures both Cluster.inference reading styles and predict_batch_udf, first
     pass and warm, and prints its table with the ratios."""
-    out = _run_benchmark("inference.py", "--variants", "rows,columns,udf")
+    out = _shared_output(shared_runs, "inference.py")
     header, rows = _table(out)
     assert [r[0] for r in rows] == ["next_batch (rows)", "next_columns", "predict_batch_udf"]
     for row in rows:
@@ -74,9 +142,10 @@ def test_inference_benchmark_quick_run_prints_a_table():
 
 
 @pytest.mark.slow
-def test_streaming_benchmark_quick_run_prints_both_ratios():
+@pytest.mark.timeout(600)
+def test_streaming_benchmark_quick_run_prints_both_ratios(shared_runs):
     """streaming.py times the streaming and batch feeds and an empty foreachBatch sink in one run."""
-    out = _run_benchmark("streaming.py")
+    out = _shared_output(shared_runs, "streaming.py")
     header, rows = _table(out)
     cells = dict(zip(header, rows[0]))
     assert cells["micro-batches"] == "3" and cells["stream / batch"].endswith("x"), cells
@@ -129,3 +198,7 @@ def test_ps_vs_mwms_benchmark_quick_run_prints_both_rates_and_the_ratio(mnist_di
         assert float(cells[column].rstrip("%")) > 0, cells
     assert "40 steps x global batch 64, 2 workers on local[3]" in proc.stdout
     assert "/proc/loadavg" in proc.stdout
+
+
+if __name__ == "__main__":
+    _run_shared([tuple(run) for run in json.loads(sys.argv[1])], Path(sys.argv[2]))
