@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from tfonspark.tensorfx import (  # noqa: E402
     ModelTrainer,
     NumericsError,
 )
+from tfonspark.tensorfx.trainer import _derived_steps, _Plan  # noqa: E402
 
 
 class Separable(ModelBuilder):
@@ -108,3 +110,51 @@ def test_debugger_v2_dumps_per_node_read_back(tmp_path: Path) -> None:
         reader.update()
         assert reader.executions() and reader.graph_execution_traces()
         assert any(t.op_type == "MatMul" for t in reader.graph_execution_traces())
+
+
+def _node(index: int) -> Configuration:
+    """Task ``index`` of a two-worker cluster (chief:0, worker:0)."""
+    task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker", "index": index - 1}
+    return Configuration(task, {"chief": ["a:1"], "worker": ["b:2"]})
+
+
+def _plan(args: ModelArguments, index: int, data: dict[str, Any] | None = None) -> _Plan:
+    strategy = SimpleNamespace(num_replicas_in_sync=2)
+    return _Plan.of(Separable(args, data or blobs()), _node(index), strategy, InputMode.TENSORFLOW, None)
+
+
+def test_tensorflow_mode_on_a_cluster_derives_the_steps_and_repeats_the_training_data() -> None:
+    # 64 rows over 2 workers: 32 a shard; global batch 8: 4 a worker, so 8 steps an epoch on both
+    args = ModelArguments.parse(["--batch-size", "8", "--epochs", "3"])
+    for index in (0, 1):
+        plan = _plan(args, index)
+        assert (plan.steps, plan.global_steps, plan.repeat) == (8, 24, None)
+        context = tf.distribute.InputContext(2, index, 2)
+        train = plan._dataset_fn("train", True)(context)
+        assert int(train.cardinality()) == int(tf.data.INFINITE_CARDINALITY)  # no step finds it exhausted
+        assert int(plan._dataset_fn("eval", False)(context).cardinality()) == 2  # eval stays finite: 8 rows / 4
+    given = _plan(ModelArguments.parse(["--batch-size", "8", "--steps-per-epoch", "3"]), 1)
+    assert (given.steps, given.repeat) == (3, None)  # the user's steps win, and the data repeats too
+    alone = _Plan.of(
+        Separable(args, blobs()),
+        Configuration.local(),
+        SimpleNamespace(num_replicas_in_sync=1),
+        InputMode.TENSORFLOW,
+        None,
+    )
+    assert (alone.steps, alone.repeat) == (None, 1)  # one process: Keras' own fit, as before
+
+
+def test_derived_steps_take_the_smallest_shard_and_refuse_unknown_lengths() -> None:
+    assert _derived_steps(tf.data.Dataset.range(1001), 2, 64, "A") == 15  # shards of 501 and 500 rows: 500 // 32
+    assert _derived_steps(tf.data.Dataset.range(65), 4, 64, "A") == 1  # fewer rows than a batch: one step
+    unknown = tf.data.Dataset.range(100).filter(lambda x: x % 2 == 0)
+    with pytest.raises(ConfigError, match=r"^A: the number of .train. rows is unknown .*pass --steps-per-epoch"):
+        _derived_steps(unknown, 2, 8, "A")
+    with pytest.raises(ConfigError, match="is infinite.*--steps-per-epoch"):
+        _derived_steps(tf.data.Dataset.range(3).repeat(), 2, 8, "A")
+    with pytest.raises(ConfigError, match="3 .train. rows cannot be shared by 4 workers"):
+        _derived_steps(tf.data.Dataset.range(3), 4, 8, "A")
+    rows = {"train": lambda: tf.data.Dataset.from_tensor_slices(blobs()["train"]).filter(lambda x, y: y >= 0)}
+    with pytest.raises(ConfigError, match=r"^ModelArguments: .*--steps-per-epoch"):  # through the trainer's plan
+        _plan(ModelArguments.parse(["--batch-size", "8"]), 0, rows)

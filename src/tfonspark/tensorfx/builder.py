@@ -200,7 +200,9 @@ class ModelBuilder:
         batch : int
             Examples per batch (this node's share of the global batch).
         epochs : int or None
-            Passes over the data (the trainer passes 1: it counts epochs); None: repeat forever.
+            Passes over the data; None: repeat forever. The trainer passes 1 (it counts epochs),
+            or None for training data whose epochs are a number of steps (on a cluster in
+            ``InputMode.TENSORFLOW``; alone with ``--steps-per-epoch``).
         shuffle : bool
             Whether to shuffle (True for training).
 

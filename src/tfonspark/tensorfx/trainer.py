@@ -8,7 +8,11 @@ TensorFX's trainer in TF 2 terms. ``train(model_builder, output)`` runs the same
   fails under MWMS on TF 2.21), in either input mode:
 
   - ``InputMode.TENSORFLOW``: each node reads its shard of the builder's ``"train"`` rows
-    (``rows.shard(workers, index)``: every example once);
+    (``rows.shard(workers, index)``), repeated (``build_input``'s ``epochs`` is None): an
+    epoch is ``args.steps_per_epoch`` steps, by default the smallest shard's rows // the
+    per-worker batch, the same on every node, so no epoch ends by running out of data (which
+    stalled MWMS for seconds at epoch ends). Where TensorFlow does not know the number of rows
+    (a filter, files), a ConfigError asks for ``--steps-per-epoch``;
   - ``InputMode.SPARK``: the ``"train"`` rows are the node's Spark feed
     (``ctx.get_data_feed()``), fed by ``cluster.train(df, num_epochs=E)``. A feed is uneven
     and endless to the node, so ``args.steps_per_epoch`` is required (rows // global batch);
@@ -239,6 +243,9 @@ class _Plan:
     batch: int
     steps: int | None
     alone: bool
+    #: ``build_input``'s ``epochs`` for the training data on a cluster: None (repeat) in
+    #: ``InputMode.TENSORFLOW``, whose epochs are ``steps`` long; 1 for a feed (it ends itself)
+    repeat: int | None = 1
     feed: Any = None
 
     @classmethod
@@ -248,6 +255,7 @@ class _Plan:
         batch = _per_replica_batch(args.batch_size, strategy.num_replicas_in_sync)
         workers, position = _training_position(config)
         steps = getattr(args, "steps_per_epoch", None)
+        alone = config.cluster is None
         sources: dict[str, Any] = {}
         feed = None
         if mode == InputMode.SPARK:
@@ -258,8 +266,10 @@ class _Plan:
                 )
             feed = ctx.get_data_feed()
             sources["train"] = feed.as_dataset(_FEED_BATCH).unbatch()
-        elif workers > 1:
-            sources["train"] = builder.rows("train").shard(workers, position)
+        elif not alone:  # every worker runs the same fixed steps over its shard, repeated
+            rows = builder.rows("train")
+            steps = steps or _derived_steps(rows, workers, int(args.batch_size), type(args).__name__)
+            sources["train"] = rows.shard(workers, position) if workers > 1 else rows
         if workers > 1 and "eval" in builder.dataset:
             sources["eval"] = builder.rows("eval").shard(workers, position)
         node = builder.with_dataset(sources) if sources else builder
@@ -267,8 +277,8 @@ class _Plan:
         spec = element_inputs(sample, type(builder).__name__)
         per_epoch = steps or int(sample.cardinality())
         global_steps = max(0, per_epoch) * int(args.epochs)
-        alone = config.cluster is None
-        return cls(node, spec, global_steps, batch, steps, alone, feed)
+        repeat = None if mode == InputMode.TENSORFLOW and not alone else 1
+        return cls(node, spec, global_steps, batch, steps, alone, repeat, feed)
 
     def fit(self, model: Any, strategy: Any, output: str, callbacks: list[Any]) -> dict[str, list[float]]:
         """Train: Keras' ``model.fit`` alone, :func:`tfonspark.keras.fit` on a cluster."""
@@ -314,8 +324,10 @@ class _Plan:
         builder = self.builder
         global_batch = int(builder.args.batch_size)
 
+        repeat = self.repeat if source == "train" else 1  # eval data stays finite
+
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            return builder.build_input(source, context.get_per_replica_batch_size(global_batch), 1, shuffle)
+            return builder.build_input(source, context.get_per_replica_batch_size(global_batch), repeat, shuffle)
 
         return dataset_fn
 
@@ -333,6 +345,31 @@ def _per_replica_batch(batch_size: int, replicas: int) -> int:
             f"--batch-size must be a multiple of the {replicas} replicas training together. Received: {batch_size}"
         )
     return batch_size // replicas
+
+
+def _derived_steps(rows: tf.data.Dataset, workers: int, global_batch: int, owner: str) -> int:
+    """Steps per epoch in ``InputMode.TENSORFLOW`` on a cluster when ``--steps-per-epoch`` was not given.
+
+    The smallest shard's rows (``rows // workers``) over the per-worker batch (``global_batch //
+    workers``): every worker runs the same steps and none runs dry. The data is then repeated:
+    an epoch that ends by running out of data ends with an ``OutOfRangeError`` in a step holding
+    collectives, after which MWMS often stalled 14-36 s (``examples/mnist/mnist_tf.py``), and a
+    finite dataset costs every step an all-reduce of "any data left". ConfigError, naming
+    ``--steps-per-epoch``, where TensorFlow does not know the number of rows.
+    """
+    count = int(rows.cardinality())
+    if count < 0:
+        length = "infinite" if count == int(tf.data.INFINITE_CARDINALITY) else "unknown to TensorFlow"
+        raise ConfigError(
+            f'{owner}: the number of "train" rows is {length} (a filter, or files read), so the steps '
+            f"per epoch cannot be derived: pass --steps-per-epoch (train rows // global batch size "
+            f"{global_batch}), as with InputMode.SPARK"
+        )
+    if count < workers:
+        raise ConfigError(
+            f'{owner}: {count} "train" rows cannot be shared by {workers} workers: every worker needs one at least'
+        )
+    return max(1, (count // workers) // max(1, global_batch // workers))
 
 
 def _training_position(config: Configuration) -> tuple[int, int]:
