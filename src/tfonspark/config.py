@@ -59,6 +59,7 @@ class NodeConfig:
     attempt: int = 0  # 0 for the first start of the cluster, n after the driver's n-th restart (ctx.attempt)
     server_restarts: int = 0  # times a worker that only serves (PS training) restarts in place; 0: never
     keep_spare: bool = False  # a restart may follow (attempt < max_restarts): keep a warm spare TF process
+    spare_processes: bool = True  # the setting: False = no spare and no standby (executor/spare.py, standby.py)
     debug: dict[str, object] | None = None  # tf.debugging per node (tfprocess/debugging.Debug.to_dict); None: off
     data_service: str | None = None  # the tf.data dispatcher of run(data_service=N), "grpc://host:port"
 

@@ -177,6 +177,18 @@ def _legacy_keras(raw: object) -> str:
     return name
 
 
+def _switch(raw: object) -> bool:
+    """On or off: a bool, or ``on``/``off``, ``true``/``false``, ``yes``/``no``, ``1``/``0``."""
+    if isinstance(raw, bool):
+        return raw
+    name = _text(raw).lower()
+    if name in ("on", "true", "yes", "1"):
+        return True
+    if name in ("off", "false", "no", "0"):
+        return False
+    raise ValueError
+
+
 def _collective(raw: object) -> str:
     name = _text(raw).lower()
     if name not in COLLECTIVES:
@@ -312,6 +324,19 @@ SETTINGS: tuple[Setting, ...] = (
         "(at most what is left of `shutdown(timeout=...)`)",
         default_text="600 s",
     ),
+    Setting(
+        "spare_processes",
+        "spark.tfonspark.spareProcesses",
+        ("TFONSPARK_SPARE_PROCESSES",),
+        True,
+        _switch,
+        "on or off (or true/false, yes/no, 1/0)",
+        "warm TF processes (TensorFlow imported, idle) for faster restarts: a spare per chief/worker while a "
+        "restart may follow (`max_restarts`), a standby per worker that restarts in place (`ps_cluster`, "
+        "`coordinator=True`); `off` starts neither, saving one idle TF process's memory per node "
+        "([restarts](restarts.md)): restarts then start new processes (slower)",
+        default_text="`on`",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -328,7 +353,7 @@ class Settings:
     Parameters
     ----------
     server_host, server_port, feed_buffer_bytes, tensorboard_port, bind_host, heartbeat_timeout, \
-collective, legacy_keras, epoch_end_timeout, stream_stop_timeout : optional
+collective, legacy_keras, epoch_end_timeout, stream_stop_timeout, spare_processes : optional
         One field per row of :data:`SETTINGS` (the settings doc); ``None`` = not given.
 
     Examples
@@ -348,6 +373,7 @@ collective, legacy_keras, epoch_end_timeout, stream_stop_timeout : optional
     legacy_keras: bool | str | None = None
     epoch_end_timeout: float | None = None
     stream_stop_timeout: float | None = None
+    spare_processes: bool | str | None = None
 
     def __post_init__(self) -> None:
         for name, value in self.given().items():
@@ -385,6 +411,7 @@ class Resolved:
     legacy_keras: str
     epoch_end_timeout: float
     stream_stop_timeout: float
+    spare_processes: bool
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
 
@@ -404,6 +431,7 @@ CONFIG_SETTINGS = (
     "collective",
     "epoch_end_timeout",
     "stream_stop_timeout",
+    "spare_processes",
 )
 
 

@@ -160,6 +160,25 @@ def test_without_server_restarts_a_killed_server_fails_the_node_as_before(superv
     assert fake.of(ev.ServerRestarted) == [] and proc.wait(15) == 0
 
 
+def test_with_spare_processes_off_a_killed_server_restarts_in_a_new_process(supervised):
+    label = "no-spare-restart"
+    fake, proc = supervised(server_restarts=1, spare_processes=False, cluster_id=label)
+    first = fake.wait_for(m.NodeUp)
+    port = fake.wait_for(m.Register).port
+    assert _wait(lambda: _accepts(port), 20)
+    time.sleep(1.0)  # a standby would be starting by now
+    assert not _standby(label[:12])
+    os.kill(first.tf_pid, signal.SIGKILL)
+    restarted = fake.wait_for(ev.ServerRestarted, timeout=60)  # slower: a new TF process starts
+    assert (restarted.restart, restarted.exit_code, restarted.accepting) == (1, -9, True)
+    assert _wait(lambda: len(fake.of(m.NodeUp)) == 2, 30)
+    second = fake.of(m.NodeUp)[-1]
+    assert second.tf_pid != first.tf_pid and _accepts(port) and not _standby(label[:12])
+    assert fake.of(m.NodeExit) == []
+    os.kill(second.tf_pid, signal.SIGKILL)
+    assert fake.wait_for(m.NodeExit, timeout=30).exit_code == -9 and proc.wait(15) == 0
+
+
 def _accepts(port: int) -> bool:
     try:
         _connect(port).close()

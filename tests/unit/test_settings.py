@@ -36,6 +36,7 @@ VALUES = {
     "legacy_keras": ("on", "OFF", "off"),
     "epoch_end_timeout": (30, "45", 45.0),
     "stream_stop_timeout": (20, "7.5", 7.5),
+    "spare_processes": (False, "OFF", False),
 }
 
 

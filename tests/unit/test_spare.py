@@ -128,6 +128,17 @@ def test_which_nodes_keep_a_spare(monkeypatch, job, keep, server_restarts, spark
     assert sup._wants_spare() is wanted
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_spare_processes_off_keeps_neither_a_spare_nor_a_standby(monkeypatch, on) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/tmp/blockmgr-test")
+    trainer = Supervisor(_config(keep_spare=True, spare_processes=on), 0, [], b"")
+    server = Supervisor(_config(server_restarts=3, spare_processes=on), 0, [], b"")
+    trainer.job_name = server.job_name = "worker"
+    assert (trainer._successor(), server._successor()) == (("spare", "standby") if on else ("", ""))
+    trainer.restarts = 1  # a restart in place keeps no spare (only the first TF process does)
+    assert trainer._successor() == ""
+
+
 @pytest.mark.parametrize(
     ("ended", "executor_gone", "kept"),
     [

@@ -97,6 +97,7 @@ class SettingKeywords(TypedDict, total=False):
     legacy_keras: bool | str | None
     epoch_end_timeout: float | None
     stream_stop_timeout: float | None
+    spare_processes: bool | str | None
 
 
 class RunOptions(SettingKeywords, total=False):

@@ -14,7 +14,7 @@ safe:
   At a restart the supervisor binds its own copy of that socket (the same socket: the standby's
   descriptor is bound with it) and writes the bootstrap, so the new server starts without a
   new interpreter importing TensorFlow (5-10 s of the restart on a busy host). It costs one idle
-  TF process per worker.
+  TF process per worker; the ``spare_processes`` setting off, none is started.
 """
 
 from __future__ import annotations

@@ -228,9 +228,10 @@ class Supervisor:
                 self.terminate(2.0, force=True)
             if not self.restarts:  # the first TF process: from now on the driver may stop it
                 self._start_watchers(conn)
-            if self._restartable():  # its successor, ready to take over once it serves
+            successor = self._successor()
+            if successor == "standby":  # its successor, ready to take over once it serves
                 threading.Thread(target=self._warm, args=(ready, host), daemon=True, name="tfos-standby").start()
-            elif self._wants_spare() and not self.restarts:  # the next attempt's, should the cluster restart
+            elif successor == "spare":  # the next attempt's, should the cluster restart
                 threading.Thread(target=self._keep_spare, args=(ready,), daemon=True, name="tfos-spare").start()
             tee.start()
             with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
@@ -262,6 +263,15 @@ class Supervisor:
         with contextlib.suppress(OSError):
             m.send_message(conn, exit_msg)
         _status(ev.TaskExit(code, stopped, error))
+
+    def _successor(self) -> str:
+        """The warm TF process kept for a restart of this one: ``"standby"`` (a worker restarting in
+        place), ``"spare"`` (a cluster restart may follow) or ``""``: none, or ``spare_processes`` off."""
+        if not self.config.spare_processes:
+            return ""
+        if self._restartable():
+            return "standby"
+        return "spare" if self._wants_spare() and not self.restarts else ""
 
     # ---- restarts in place (the workers of a parameter-server cluster) ---------------------------
     def _restartable(self) -> bool:
