@@ -33,15 +33,18 @@ TOLERANCE = 0.3  # accuracy points
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 
-@pytest.fixture(scope="module")
+# session scope: this module's tests run on two masters (local-cluster, then standalone with the
+# other standalone tests), and a module-scoped fixture would be set up again for the second part,
+# re-training the undisturbed run and restarting local-cluster between the two standalone tests
+@pytest.fixture(scope="session")
 def data(tmp_path_factory, mnist_dir) -> str:
     path = tmp_path_factory.mktemp("mnist") / "subset.npz"
     return rw.write_data(str(path), str(mnist_dir), TRAIN_ROWS, TEST_ROWS)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def baseline(spark_manager, data, tmp_path_factory) -> float:
-    """The undisturbed run's test accuracy (TENSORFLOW mode, same seed), once per module."""
+    """The undisturbed run's test accuracy (TENSORFLOW mode, same seed), once per session."""
     sc = spark_manager.get(LOCAL_CLUSTER)
     chaos = rw.Chaos(target="")
     job = rw.Job(data, str(tmp_path_factory.mktemp("baseline") / "model"), checkpoint_every=EVERY)
