@@ -194,28 +194,36 @@ def test_release_port_false_keeps_port_until_released(sc, tmp_path, no_leftovers
         assert json.loads((tmp_path / f"port{i}").read_text()) == [False, True]
 
 
-def _sleep_until_stopped(args, ctx):
+def _sleep_until_released(args, ctx):
+    """Run until the test creates the file ``args`` (at most 120 s): the nodes outlive its checks."""
+    import os
     import time
 
-    time.sleep(args)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(args) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def test_tensorboard_serves_until_shutdown(sc, tmp_path, no_leftovers):
     (port,) = free_ports()  # the tensorboard_port setting (keyword, Spark conf or TENSORBOARD_PORT)
+    release = tmp_path / "release"
     cluster = tfonspark.run(
         sc,
-        _sleep_until_stopped,
-        20,
+        _sleep_until_released,
+        str(release),
         2,
         tensorboard=True,
         log_dir=str(tmp_path),
         reservation_timeout=120,
         tensorboard_port=port,
     )
-    url = cluster.tensorboard_url()
-    assert url and url.endswith(f":{port}")
-    local = "http://127.0.0.1:" + url.rsplit(":", 1)[1]
-    assert wait_until(lambda: _http_status(local) == 200, 30)
+    try:
+        url = cluster.tensorboard_url()
+        assert url and url.endswith(f":{port}")
+        local = "http://127.0.0.1:" + url.rsplit(":", 1)[1]
+        assert wait_until(lambda: _http_status(local) == 200, 30)
+    finally:
+        release.touch()  # the nodes end now, not after a fixed sleep
     cluster.shutdown(timeout=120)
     assert wait_until(lambda: _http_status(local) is None, 20)
 
