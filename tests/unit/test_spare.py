@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from tfonspark.config import NodeConfig
+from tfonspark.driver.ending import finish, stop_now
 from tfonspark.driver.restarts import Attempts
 from tfonspark.executor.spare import Keeper, adopt, env_digest
 from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
+from tfonspark.wire import messages as m
 
 WAIT = 1.0  # how long a kept spare waits for an adopter here
 
@@ -157,6 +159,37 @@ def test_a_spare_is_kept_only_after_a_failure(ended, executor_gone, kept) -> Non
     sup.executor_gone = executor_gone
     sup._release_spare(ended)
     assert released == [kept] and sup._keeper is None
+
+
+@pytest.mark.parametrize(("final", "kept"), [(False, True), (True, False)])
+def test_a_stop_for_good_discards_the_spare_at_once(pair, final, kept) -> None:
+    """Stopped for another node's failure, the spare waits for the next attempt; stopped for good
+    (``cluster.stop()``, the end: ``Stop(final=True)``), it goes now, not after its wait."""
+    sup_end, drv_end = pair
+    sup = Supervisor(_config(keep_spare=True), 0, [], b"")
+    sup.terminate = lambda grace, force=False: None  # type: ignore[method-assign]
+    released: list[bool] = []
+    sup._keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))
+    m.send_message(drv_end, m.Stop(2.0, final))
+    sup._listen(sup_end)  # returns once the Stop arrived
+    sup._release_spare((-15, ""))  # its TF process ended by that Stop's SIGTERM
+    assert released == [kept]
+
+
+def test_the_driver_stops_for_good_only_where_no_restart_follows() -> None:
+    finals: list[bool] = []
+    gang = types.SimpleNamespace(
+        check=lambda: None,
+        closed=False,
+        server=types.SimpleNamespace(nodes={}),
+        teardown=lambda grace_secs, final=False: finals.append(final),
+    )
+    streams = types.SimpleNamespace(join=lambda timeout: None, finish=lambda ssc, timeout: (True, None))
+    stop_now(types.SimpleNamespace(gang=gang), streams, 2.0)  # cluster.stop()
+    attempts = types.SimpleNamespace(gang=gang, can_restart=lambda: False, run=lambda action: True)
+    attempts.give_up = lambda error: error
+    finish(attempts, streams, lambda: None, None, 0.0, 10.0)  # cluster.shutdown(): the end
+    assert finals == [True, True]
 
 
 def test_the_driver_asks_for_spares_while_a_restart_may_follow() -> None:

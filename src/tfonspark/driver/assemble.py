@@ -74,6 +74,6 @@ def start_cluster(
         payload: bytes = cloudpickle.dumps(work)  # type: ignore[no-untyped-call]  # untyped in pyspark
         attempts.begin(payload)
     except BaseException:
-        attempts.gang.teardown(grace_secs=0)
+        attempts.gang.teardown(grace_secs=0, final=True)  # run() fails: no restart follows
         raise
     return Cluster(sc, input_mode, attempts, feeds, streams, log, on_end)

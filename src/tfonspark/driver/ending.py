@@ -33,7 +33,7 @@ def finish(
     if not attempts.can_restart():
         attempts.gang.check()  # else the wait for the workers checks, and restarts
     if not in_time:
-        attempts.gang.teardown(grace_secs=0)
+        attempts.gang.teardown(grace_secs=0, final=True)
         streams.join(30)
         raise ShutdownTimeout(
             f"the stream was still running after timeout={timeout}s; it and the TensorFlow nodes have "
@@ -46,7 +46,7 @@ def finish(
         return attempts.gang.wait_for_trainers(deadline - time.monotonic())
 
     if not attempts.run(workers_done):
-        attempts.gang.teardown(grace_secs=0)
+        attempts.gang.teardown(grace_secs=0, final=True)
         raise ShutdownTimeout(
             f"TensorFlow workers were still running after timeout={timeout}s; they have been stopped. "
             "Raise shutdown(timeout=...) if training needs longer."
@@ -65,7 +65,7 @@ def _stop_the_rest(attempts: Attempts, streams: Streams, grace_secs: float) -> N
     except NodeFailed as error:
         raise attempts.give_up(error) from None
     finish_evaluators(attempts.gang.server, grace_secs)  # first, with its own grace: its last evaluation
-    attempts.gang.teardown(grace_secs=max(grace_secs, 2.0))
+    attempts.gang.teardown(grace_secs=max(grace_secs, 2.0), final=True)
     streams.join(30)
 
 
@@ -76,5 +76,5 @@ def stop_now(attempts: Attempts, streams: Streams, grace_secs: float) -> None:
         gang.check()  # a failure: torn down at once, and raised
         finish_evaluators(gang.server, grace_secs)  # a sidecar evaluator's last evaluation, with its grace
     finally:
-        gang.teardown(grace_secs=grace_secs)
+        gang.teardown(grace_secs=grace_secs, final=True)
         streams.join(30)

@@ -270,13 +270,16 @@ class Gang:
                 self.server_restarts.append(ServerRestart.of(node.role.name, event))
             self._on_event(node, event)
 
-    def teardown(self, grace_secs: float) -> None:
-        """Stop every node, wait for their supervisors, cancel jobs, close the server."""
+    def teardown(self, grace_secs: float, final: bool = False) -> None:
+        """Stop every node, wait for their supervisors, cancel jobs, close the server.
+
+        ``final``: no restart follows (``Cluster.stop``, the end), so the nodes' warm spares go at once.
+        """
         if self.closed:
             return
         self.closed = True
         for node in self.server.nodes.values():
-            self.server.stop_node(node, grace_secs)
+            self.server.stop_node(node, grace_secs, final)
         self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes), grace_secs + 15)
         self._cancel_feeds()
         # a lost node's task may never return (its supervisor is frozen or its host gone):

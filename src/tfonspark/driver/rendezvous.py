@@ -458,12 +458,12 @@ class RendezvousServer:
         with self._cond:
             self._cond.notify_all()
 
-    def stop_node(self, node: NodeState, grace_secs: float) -> None:
-        """Ask a node's supervisor to stop its TF process; no-op if it has already gone."""
+    def stop_node(self, node: NodeState, grace_secs: float, final: bool = False) -> None:
+        """Ask a node's supervisor to stop its TF process (``final``: no restart follows); no-op if it has gone."""
         if node.conn is None or node.finished:
             return
         with contextlib.suppress(OSError):
-            m.send_message(node.conn, m.Stop(grace_secs))
+            m.send_message(node.conn, m.Stop(grace_secs, final))
 
     def take_events(self) -> list[tuple[NodeState, ev.NodeEvent]]:
         """The events nodes reported since the last call, oldest first; the server keeps none of them.

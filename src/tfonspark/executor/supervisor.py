@@ -98,6 +98,7 @@ class Supervisor:
         self.job_name = ""  # the node's TF job, once the driver said it
         self.restarts = 0  # how many times the TF process was restarted in place
         self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
+        self.stop_final = False  # the driver's Stop said no cluster restart follows: the spare goes at once
         self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
         self._keeper: Keeper | None = None  # the spare for the next attempt's node, while one may follow
         self.adopted = False  # the TF process is the previous attempt's spare (executor/spare.py)
@@ -359,11 +360,13 @@ class Supervisor:
             keeper.release(keep=False)
 
     def _release_spare(self, ended: tuple[int, str] | None) -> None:
-        """Keep the spare for the next attempt where this node failed (a restart may follow), else discard it."""
+        """Keep the spare for the next attempt where this node failed or was stopped for another's
+        failure (a restart may follow); else (done, stopped for good, executor gone) discard it now."""
         with self._lock:
             keeper, self._keeper = self._keeper, None
         if keeper is not None:
-            keeper.release(keep=ended is not None and ended[0] != 0 and not self.executor_gone)
+            failed = ended is not None and ended[0] != 0
+            keeper.release(keep=failed and not self.executor_gone and not self.stop_final)
 
     def _adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> tuple[Adopted | None, socket.socket]:
         """The previous attempt's spare on this executor, its socket bound to our port, if one matches.
@@ -633,7 +636,7 @@ class Supervisor:
             while True:
                 msg = m.recv_message(conn, m.Stop, m.Heartbeat)
                 if isinstance(msg, m.Stop):
-                    grace = msg.grace_secs
+                    grace, self.stop_final = msg.grace_secs, msg.final
                     break
         except (OSError, ProtocolError):  # socket.timeout is an OSError
             pass

@@ -124,10 +124,14 @@ class Heartbeat(Message):
 
 @dataclass
 class Stop(Message):
-    """Driver -> supervisor: stop the TF process (SIGTERM, then SIGKILL after ``grace_secs``)."""
+    """Driver -> supervisor: stop the TF process (SIGTERM, then SIGKILL after ``grace_secs``).
+
+    ``final``: no restart follows (``Cluster.stop``, the cluster's end): the node's warm spare goes now.
+    """
 
     TYPE: ClassVar[str] = "stop"
     grace_secs: float = 5.0
+    final: bool = False
 
 
 @dataclass
