@@ -25,7 +25,7 @@ from tfonspark.tensorfx import (  # noqa: E402
     ModelTrainer,
     NumericsError,
 )
-from tfonspark.tensorfx.trainer import _derived_steps, _Plan  # noqa: E402
+from tfonspark.tensorfx.trainer import _derived_steps, _eval_steps, _Plan  # noqa: E402
 
 
 class Separable(ModelBuilder):
@@ -133,6 +133,7 @@ def test_tensorflow_mode_on_a_cluster_derives_the_steps_and_repeats_the_training
         train = plan._dataset_fn("train", True)(context)
         assert int(train.cardinality()) == int(tf.data.INFINITE_CARDINALITY)  # no step finds it exhausted
         assert int(plan._dataset_fn("eval", False)(context).cardinality()) == 2  # eval stays finite: 8 rows / 4
+        assert plan.eval_steps == 2  # and is read to its last batch, never past it
     given = _plan(ModelArguments.parse(["--batch-size", "8", "--steps-per-epoch", "3"]), 1)
     assert (given.steps, given.repeat) == (3, None)  # the user's steps win, and the data repeats too
     alone = _Plan.of(
@@ -143,6 +144,13 @@ def test_tensorflow_mode_on_a_cluster_derives_the_steps_and_repeats_the_training
         None,
     )
     assert (alone.steps, alone.repeat) == (None, 1)  # one process: Keras' own fit, as before
+
+
+def test_eval_steps_read_the_largest_shard_to_its_last_batch() -> None:
+    assert _eval_steps(tf.data.Dataset.range(17), 2, 8) == 3  # shards of 9 and 8 rows, 4 a step: 3 and 2 batches
+    assert _eval_steps(tf.data.Dataset.range(16), 2, 8) == 2
+    assert _eval_steps(tf.data.Dataset.range(16).filter(lambda x: x > 3), 2, 8) is None  # unknown: to the end
+    assert _eval_steps(tf.data.Dataset.range(0), 2, 8) is None
 
 
 def test_derived_steps_take_the_smallest_shard_and_refuse_unknown_lengths() -> None:

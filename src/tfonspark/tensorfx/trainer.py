@@ -246,6 +246,8 @@ class _Plan:
     #: ``build_input``'s ``epochs`` for the training data on a cluster: None (repeat) in
     #: ``InputMode.TENSORFLOW``, whose epochs are ``steps`` long; 1 for a feed (it ends itself)
     repeat: int | None = 1
+    #: validation steps that read every eval row once and stop before its end (TENSORFLOW mode)
+    eval_steps: int | None = None
     feed: Any = None
 
     @classmethod
@@ -270,15 +272,19 @@ class _Plan:
             rows = builder.rows("train")
             steps = steps or _derived_steps(rows, workers, int(args.batch_size), type(args).__name__)
             sources["train"] = rows.shard(workers, position) if workers > 1 else rows
-        if workers > 1 and "eval" in builder.dataset:
-            sources["eval"] = builder.rows("eval").shard(workers, position)
+        eval_steps = None
+        if not alone and "eval" in builder.dataset:
+            eval_rows = builder.rows("eval")
+            sources["eval"] = eval_rows.shard(workers, position) if workers > 1 else eval_rows
+            if mode == InputMode.TENSORFLOW:
+                eval_steps = _eval_steps(eval_rows, workers, int(args.batch_size))
         node = builder.with_dataset(sources) if sources else builder
         sample = node.build_input("train", batch, 1, True)
         spec = element_inputs(sample, type(builder).__name__)
         per_epoch = steps or int(sample.cardinality())
         global_steps = max(0, per_epoch) * int(args.epochs)
         repeat = None if mode == InputMode.TENSORFLOW and not alone else 1
-        return cls(node, spec, global_steps, batch, steps, alone, repeat, feed)
+        return cls(node, spec, global_steps, batch, steps, alone, repeat, eval_steps, feed)
 
     def fit(self, model: Any, strategy: Any, output: str, callbacks: list[Any]) -> dict[str, list[float]]:
         """Train: Keras' ``model.fit`` alone, :func:`tfonspark.keras.fit` on a cluster."""
@@ -292,6 +298,7 @@ class _Plan:
             epochs=int(args.epochs),
             steps_per_epoch=self.steps,
             validation_data=self._dataset_fn("eval", False) if has_eval else None,
+            validation_steps=self.eval_steps if has_eval else None,
             callbacks=callbacks,
             model_dir=output,
             strategy=strategy,
@@ -370,6 +377,19 @@ def _derived_steps(rows: tf.data.Dataset, workers: int, global_batch: int, owner
             f'{owner}: {count} "train" rows cannot be shared by {workers} workers: every worker needs one at least'
         )
     return max(1, (count // workers) // max(1, global_batch // workers))
+
+
+def _eval_steps(rows: tf.data.Dataset, workers: int, global_batch: int) -> int | None:
+    """Validation steps that read every eval row once and never ask past the end: the largest
+    shard's batches (a smaller shard gives empty batches meanwhile). Asking past the end raises
+    ``OutOfRangeError`` inside a step holding collectives, after which the epoch's next collective
+    (its global logs) stalled MWMS for 10-20 s at some epoch ends. None where the number of rows
+    is unknown (the eval then runs to the end of its data, as before)."""
+    count = int(rows.cardinality())
+    if count <= 0:
+        return None
+    largest = -(-count // workers)
+    return -(-largest // max(1, global_batch // workers))
 
 
 def _training_position(config: Configuration) -> tuple[int, int]:
