@@ -300,6 +300,71 @@ def test_batch_size_does_not_change_results(mixed_dir):
     assert small[0].equals(large[0])
 
 
+def test_many_batches_run_in_one_graph_call_with_the_results_of_one_call_each(mixed_dir, monkeypatch):
+    """Rows > batch_size: one graph loops over the batches; the signature still sees batch_size
+    rows a call, and every output (strings, nested, unsigned, bool) equals batch-by-batch calls."""
+    ModelCache.clear()
+    plan = _mixed_plan(mixed_dir, batch_size=3)
+    batch = _batch(0, 10)
+    fn = inference.load_signature(plan)
+    assert [v is not None for v in fn._loops.values()] == [True]  # traced at load: dtypes, shapes fixed
+    (looped,) = inference.serve_batches(iter([batch]), plan)
+    assert [v is not None for v in fn._loops.values()] == [True]  # and used, not traced again
+    seen = []
+    monkeypatch.setattr(
+        fn, "fn", lambda **kw: seen.append(len(kw["count"])) or fn.saved_model.signatures["serving_default"](**kw)
+    )
+    monkeypatch.setattr(fn, "_loops", {})
+    monkeypatch.setattr(fn, "batched", lambda *a: None)  # batch by batch, from Python
+    (each,) = inference.serve_batches(iter([batch]), plan)
+    assert seen == [3, 3, 3, 1]
+    assert looped.equals(each)
+
+
+def test_a_signature_the_loop_cannot_serve_falls_back_once_and_keeps_its_error(mixed_dir):
+    ModelCache.clear()
+    plan = inference.plan_serving(
+        _schema(x=T.ArrayType(T.FloatType())),
+        export_dir=mixed_dir,
+        tag_set=None,
+        signature_def_key="pooled",
+        input_mapping={"x": "x"},
+        output_mapping={"mean": "m"},
+        batch_size=2,
+    )
+    batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0, 2.0]] * 5, pa.list_(pa.float32()))})
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"output 'mean' returned shape \[1, 2\] for a batch of 2 rows"):
+            list(inference.serve_batches(iter([batch]), plan))
+    assert list(inference.load_signature(plan)._loops.values()) == [None]  # not traced again
+
+
+def test_a_model_loaded_in_a_spark_task_is_frozen_out_of_the_gc(mixed_dir, monkeypatch):
+    """PySpark collects after every task: with TensorFlow and a model that walked ~420k objects."""
+    import gc
+
+    import pyspark
+
+    ModelCache.clear()
+    gc.unfreeze()
+    inference.load_signature(_mixed_plan(mixed_dir, 4))
+    assert gc.get_freeze_count() == 0  # not in a Spark task: the user's process is left alone
+    ModelCache.clear()
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: object()))
+    try:
+        fn = inference.load_signature(_mixed_plan(mixed_dir, 4))
+        assert gc.get_freeze_count() > 10_000
+        assert not any(o is fn for o in gc.get_objects())  # frozen: out of every generation
+        ModelCache.clear()  # the next load first unfreezes, so a dropped model's cycles can go
+        calls = []
+        unfreeze = gc.unfreeze
+        monkeypatch.setattr(gc, "unfreeze", lambda: calls.append(gc.get_freeze_count()) or unfreeze())
+        inference.load_signature(_mixed_plan(mixed_dir, 5))
+        assert calls and calls[0] > 10_000 and gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+
+
 def test_output_without_a_row_per_input_is_an_error(mixed_dir):
     plan = inference.plan_serving(
         _schema(x=T.ArrayType(T.FloatType())),
@@ -424,7 +489,7 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
         signature_def_key=None,
         input_mapping={"image": "image"},
         output_mapping={"output_0": "logits"},
-        batch_size=100,
+        batch_size=2,  # 3 rows: two batches of the CNN, in one graph call
     )
     assert [(f.name, f.dataType) for f in inference.output_fields(plan)] == [
         ("logits", T.ArrayType(T.FloatType(), False))
@@ -435,6 +500,7 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
     )
     (out,) = inference.serve_arrays(iter([column]), plan)
     np.testing.assert_allclose(np.array(out.to_pylist()), model.predict(images, verbose=0), rtol=1e-5, atol=1e-5)
+    assert [v is not None for v in inference.load_signature(plan)._loops.values()] == [True]
 
 
 def test_a_conv2d_model_is_never_served_an_empty_batch(tmp_path):
