@@ -323,16 +323,7 @@ def test_many_batches_run_in_one_graph_call_with_the_results_of_one_call_each(mi
 
 def test_a_signature_the_loop_cannot_serve_falls_back_once_and_keeps_its_error(mixed_dir):
     ModelCache.clear()
-    plan = inference.plan_serving(
-        _schema(x=T.ArrayType(T.FloatType())),
-        export_dir=mixed_dir,
-        tag_set=None,
-        signature_def_key="pooled",
-        input_mapping={"x": "x"},
-        output_mapping={"mean": "m"},
-        batch_size=2,
-    )
-    batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0, 2.0]] * 5, pa.list_(pa.float32()))})
+    plan, batch = _pooled(mixed_dir, batch_size=2, rows=5)
     for _ in range(2):
         with pytest.raises(ConfigError, match=r"output 'mean' returned shape \[1, 2\] for a batch of 2 rows"):
             list(inference.serve_batches(iter([batch]), plan))
@@ -365,7 +356,8 @@ def test_a_model_loaded_in_a_spark_task_is_frozen_out_of_the_gc(mixed_dir, monke
         gc.unfreeze()
 
 
-def test_output_without_a_row_per_input_is_an_error(mixed_dir):
+def _pooled(mixed_dir, batch_size, rows):
+    """The ``pooled`` signature (one output row per batch, not per row) and a batch of ``rows``."""
     plan = inference.plan_serving(
         _schema(x=T.ArrayType(T.FloatType())),
         export_dir=mixed_dir,
@@ -373,9 +365,13 @@ def test_output_without_a_row_per_input_is_an_error(mixed_dir):
         signature_def_key="pooled",
         input_mapping={"x": "x"},
         output_mapping={"mean": "m"},
-        batch_size=5,
+        batch_size=batch_size,
     )
-    batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0, 2.0]] * 3, pa.list_(pa.float32()))})
+    return plan, pa.RecordBatch.from_pydict({"x": pa.array([[1.0, 2.0]] * rows, pa.list_(pa.float32()))})
+
+
+def test_output_without_a_row_per_input_is_an_error(mixed_dir):
+    plan, batch = _pooled(mixed_dir, batch_size=5, rows=3)
     with pytest.raises(ConfigError, match=r"output 'mean' returned shape \[1, 2\] for a batch of 3 rows"):
         list(inference.serve_batches(iter([batch]), plan))
 
