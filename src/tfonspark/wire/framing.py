@@ -17,8 +17,9 @@ so a frame cannot be forged without the secret, replayed (sequence), moved to an
 connection (session key) or reflected back (direction). ``length`` is checked against
 ``max_frame`` before anything is read, and the receive buffer grows as bytes arrive (an
 announced length alone allocates at most 1 MiB; on an unsigned Unix-socket connection, whose
-authenticated peer alone can write the stream, the announced length is allocated at once). ``timeout`` bounds a whole handshake, not each
-read; :mod:`.listener` runs the server side for many peers without a thread each.
+authenticated peer alone can write the stream, the announced length is allocated at once).
+``timeout`` bounds a whole handshake, not each read; :mod:`.listener` runs the server side for
+many peers without a thread each.
 
 Same-host feeds use an *unsigned* connection over a Unix socket instead: the handshake is the
 same (and binds the channel kind, so a signed and an unsigned end cannot pair), then frames are
