@@ -448,14 +448,14 @@ class LoadedSignature:
         None where the graph fails or an output is not one row per input row."""
         import tensorflow as tf
 
-        names = sorted(inputs)
-        loop = self._loop(plan, _layout_of(inputs))
+        layout = _layout_of(inputs)
+        loop = self._loop(plan, layout)
         if loop is None:
             return None
-        result = _or_none(lambda: loop(*[tf.convert_to_tensor(inputs[n]) for n in names]))
+        result = _or_none(lambda: loop(*[tf.convert_to_tensor(inputs[n]) for n, _, _ in layout]))
         outputs = None if result is None else {o.tensor: result[o.tensor].numpy() for o in plan.outputs}
         if outputs is None or any(v.ndim == 0 or v.shape[0] != rows for v in outputs.values()):
-            self._loops[_loop_key(plan, _layout_of(inputs))] = None  # batch by batch from now on
+            self._loops[_loop_key(plan, layout)] = None  # batch by batch from now on
             return None
         return outputs
 
