@@ -105,13 +105,10 @@ def test_keras2_feed_program_trains_under_mwms_and_exports_tfos_signature(sc, tf
     assert accuracy > 0.8, f"test accuracy {accuracy:.3f} after {args.epochs} epochs on {TRAIN_ROWS} rows"
 
 
-# Quarantined (stop 30): in 5 of 6 runs of this file after other tests (2 clean-clone CIs), a node
-# of this program aborted in oneDNN's MklMaxPoolingGradOp ("int32 expected, got float") at the
-# first step of epoch 2, or accuracy fell to 0.677; alone it passes. The program needs each node
-# fed exactly 4 of the 8 partition feeds (42 steps x 2 epochs x 32 rows = 2,688 of 3,000), so an
-# uneven placement of feed tasks starves a node into 0-row MWMS batches. Not strict: it still runs
-# and reports; the cause is the first item left open on issue 26's note.
-@pytest.mark.xfail(reason="needs an exact 4/4 split of feed tasks between the nodes (stop 30 note)", strict=False)
+# The program needs each node fed 4 of the 8 partition feeds (42 steps x 2 epochs x 32 rows =
+# 2,688 of 3,000 rows a node): a starved node gets 0-row MWMS batches and aborts in oneDNN's
+# MklMaxPoolingGradOp. Feed tasks keep pace with map_fun (feedserver.PARTITIONS_AHEAD), so the
+# split follows the nodes' reading, not which executor frees first (3/5 in 5 of 6 runs before).
 @pytest.mark.parametrize("fmt", ["csv", "tfr"])
 def test_keras2_pipeline_program_trains_and_infers(spark, tfos_mnist, mnist_dir, tmp_path, fmt):
     program = _load("keras_mnist_pipeline", tmp_path)

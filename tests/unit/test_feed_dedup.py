@@ -21,8 +21,11 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def server_and_events():
     events: list[tuple[str, dict]] = []
-    server = FeedServer(
-        SECRET, buffer_bytes=1 << 22, on_event=lambda event: events.append((event.TYPE, dict(vars(event))))
+    server = FeedServer(  # fed first and read afterwards: partitions acknowledged on arrival
+        SECRET,
+        buffer_bytes=1 << 22,
+        on_event=lambda event: events.append((event.TYPE, dict(vars(event)))),
+        ahead=None,
     )
     yield server, events
     server.close()
@@ -30,7 +33,7 @@ def server_and_events():
 
 def test_only_recent_feeds_are_remembered_and_their_repeats_still_dropped(monkeypatch):
     monkeypatch.setattr(feedserver, "_REMEMBERED_FEEDS", 4)
-    server = FeedServer(SECRET, buffer_bytes=1 << 20)
+    server = FeedServer(SECRET, buffer_bytes=1 << 20, ahead=None)
     try:
         for batch in range(10):  # ten micro-batches of a stream, two partitions each
             for partition in (0, 1):

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def server_and_events():
     events: list[tuple[str, dict]] = []
-    server = FeedServer(
-        SECRET, buffer_bytes=4 * MB, on_event=lambda event: events.append((event.TYPE, dict(vars(event))))
+    server = FeedServer(  # fed first and read afterwards: partitions acknowledged on arrival
+        SECRET, buffer_bytes=4 * MB, on_event=lambda event: events.append((event.TYPE, dict(vars(event)))), ahead=None
     )
     yield server, events
     server.close()

@@ -20,7 +20,7 @@ from tfonspark.executor.feeder import Feeder, FeedTarget, choose_target
 from tfonspark.host import executor_key
 from tfonspark.tfprocess.context import NodeContext
 from tfonspark.tfprocess.datafeed import DataFeed
-from tfonspark.tfprocess.feedserver import FeedServer
+from tfonspark.tfprocess.feedserver import PARTITIONS_AHEAD, FeedServer
 from tfonspark.wire import messages as m
 from tfonspark.wire.framing import connect
 
@@ -60,8 +60,8 @@ class Bg:
 def make_server():
     servers: list[FeedServer] = []
 
-    def make(buffer_bytes: int = 64 * MB) -> FeedServer:
-        server = FeedServer(SECRET, buffer_bytes=buffer_bytes)
+    def make(buffer_bytes: int = 64 * MB, ahead: int | None = PARTITIONS_AHEAD) -> FeedServer:
+        server = FeedServer(SECRET, buffer_bytes=buffer_bytes, ahead=ahead)
         servers.append(server)
         return server
 
@@ -362,6 +362,38 @@ def test_ragged_rows_in_training_raise_input_error_naming_the_row(make_server):
 # ---- terminate ----------------------------------------------------------------------------------
 
 
+def test_a_training_partition_is_acknowledged_once_map_fun_read_the_one_before(make_server):
+    """Feed tasks keep pace with map_fun (as TFoS's did), so no node's executor runs ahead."""
+    server = make_server()
+    assert train(feeder_for(server), 0, list(range(10))) == 10  # nothing before it: at once
+    second = Bg(train, feeder_for(server), 1, list(range(10, 20)))
+    assert wait_until(lambda: server.queue("input").partitions == 2)  # committed, not acknowledged
+    time.sleep(0.3)
+    assert second.thread.is_alive()
+    feed = DataFeed(server)
+    assert [int(r) for r in feed.next_batch(11)] == list(range(11))  # the read passes partition 0
+    assert second.get(5) == 10
+    assert server.queue("input").partitions == 1
+
+
+def test_pacing_gives_up_after_half_the_feed_timeout_without_an_error(make_server):
+    server = make_server()
+    assert train(feeder_for(server, feed_timeout=1.0), 0, [1]) == 1
+    start = time.monotonic()
+    assert train(feeder_for(server, feed_timeout=1.0), 1, [2]) == 1  # map_fun never reads
+    assert 0.4 < time.monotonic() - start < 0.9
+    assert server.queue("input").partitions == 2
+
+
+def test_terminate_releases_a_feeder_that_waits_for_map_fun_to_read(make_server):
+    server = make_server()
+    train(feeder_for(server), 0, [1])
+    waiting = Bg(train, feeder_for(server), 1, [2, 3])
+    assert wait_until(lambda: server.queue("input").partitions == 2)
+    DataFeed(server).terminate()
+    assert waiting.get(5) == 2  # told to stop: the rows it sent are counted, nothing raised
+
+
 def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, monkeypatch):
     monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)
@@ -628,7 +660,7 @@ def tf():
 
 
 def test_as_dataset_has_a_static_element_spec(tf, make_server):
-    server = make_server()
+    server = make_server(ahead=None)  # both partitions fed before the first read
     rows = [(i, np.full(4, i, np.float32)) for i in range(300)]
     Bg(feed_all_then_close, server, feeder_for(server), {0: rows[:130], 1: rows[130:]}).get()
     ds = DataFeed(server).as_dataset(64)

@@ -28,7 +28,7 @@ from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, enc
 from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
 from ..wire.listener import Listener
 
-__all__ = ["END_FEED", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
+__all__ = ["END_FEED", "PARTITIONS_AHEAD", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
 
 log = logging.getLogger(__name__)
 END_FEED = object()
@@ -49,6 +49,14 @@ class EpochMark:
 _REMEMBERED_FEEDS = 64
 #: a feeder sends its FeedStart right after connecting
 _FIRST_MESSAGE_SECS = 30.0
+#: a training partition's Ack waits until map_fun has read every partition committed before
+#: it (at most half of feed_timeout, so the feeder never times out on it). The feed task holds
+#: its Spark core meanwhile, as TFoS's did until its partition was consumed, so the nodes take
+#: partitions as fast as each reads them: a node whose executor frees first does not get more.
+#: MultiWorkerMirrored programs that derive their steps from rows / num_workers (every TFoS
+#: example) need that split; a starved node is handed empty batches. One partition stays
+#: queued beyond the one being read, so map_fun does not wait for the next feed task.
+PARTITIONS_AHEAD = 1
 
 
 class Stream:
@@ -123,14 +131,17 @@ class ByteQueue:
     """A FIFO bounded by the bytes it holds, staged or queued (always admits one item).
 
     ``nbytes`` counts queued (committed, not yet read) bytes; ``reserved`` the bytes of training
-    partitions still arriving, held in memory until their end marker (see :class:`_Staging`).
+    partitions still arriving, held in memory until their end marker (see :class:`_Staging`);
+    ``partitions`` the committed training partitions whose end map_fun has not read yet.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.nbytes = 0
         self.reserved = 0
+        self.partitions = 0
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
         self._cond = threading.Condition()
         self.aborted = False
 
@@ -192,9 +203,20 @@ class ByteQueue:
             for batch, nbytes in items:
                 self._items.append((stream, batch, nbytes))
                 self.nbytes += nbytes
-            self._items.append((stream, None, 0))  # partition boundary marker
+            end = (stream, None, 0)  # partition boundary marker
+            self._items.append(end)
+            self._ends.append(end)
+            self.partitions += 1
             self._cond.notify_all()
             return True
+
+    def wait_behind(self, ahead: int, timeout: float) -> None:
+        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread.
+
+        Never raises: it paces feeders to map_fun's reading, it does not detect stalls.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted, timeout)
 
     def get(self, timeout: float | None = None) -> tuple[Any, Any]:
         with self._cond:
@@ -202,8 +224,12 @@ class ByteQueue:
                 raise TimeoutError("no data arrived")
             if not self._items:
                 return None, END_FEED
-            stream, item, nbytes = self._items.popleft()
+            entry = self._items.popleft()
+            stream, item, nbytes = entry
             self.nbytes -= nbytes
+            if self._ends and self._ends[0] is entry:
+                self._ends.popleft()
+                self.partitions -= 1
             self._cond.notify_all()
         if isinstance(item, SpilledBatch):
             item = item.load()
@@ -214,7 +240,9 @@ class ByteQueue:
         with self._cond:
             self.aborted = True
             self._items.clear()
+            self._ends.clear()
             self.nbytes = 0
+            self.partitions = 0
             self._cond.notify_all()
 
 
@@ -394,9 +422,11 @@ class FeedServer:
         buffer_bytes: int = DEFAULT_FEED_BUFFER_BYTES,
         host: str = "127.0.0.1",
         on_event: Callable[[ev.NodeEvent], None] | None = None,
+        ahead: int | None = PARTITIONS_AHEAD,
     ) -> None:
         self.secret = secret
         self.buffer_bytes = buffer_bytes
+        self.ahead = ahead  # None: acknowledge partitions on arrival (tests that read afterwards)
         self.on_event = on_event or (lambda event: None)
         self.terminated = False
         self._queues: dict[str, ByteQueue] = {}
@@ -500,6 +530,10 @@ class FeedServer:
                 return False
             if first and queue.commit(stream, staging.batches(), staging.staged):
                 staging.staged = 0
+                if self.ahead is not None:
+                    queue.wait_behind(self.ahead, stream.timeout / 2)
+                if self.terminated:
+                    return False  # the feeder was told Terminate while this waited
             m.send_message(stream.conn, m.Ack(count))
             return False
         finally:
