@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tfonspark.errors import AuthenticationError, ProtocolError
-from tfonspark.wire import bootstrap
+from tfonspark.wire import bootstrap, codec
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
@@ -765,6 +765,53 @@ def test_frames_of_any_size_arrive_intact(pair, size):
     got = server.recv()
     sender.join(5)
     assert len(got) == size and bytes(got) == data
+
+
+@pytest.fixture
+def unix_pair():
+    server, s_exc, client, c_exc = handshake_pair(unix=True)
+    assert s_exc is None and c_exc is None and not server.signed
+    server.settimeout(5)
+    client.settimeout(5)
+    yield server, client
+    server.close()
+    client.close()
+
+
+@pytest.mark.parametrize("size", [0, 1, f._FIRST_CHUNK + 1, 3 * f._FIRST_CHUNK + 12345])
+def test_unsigned_frames_arrive_intact_in_one_buffer_of_their_size(unix_pair, size):
+    """On a Unix socket the authenticated peer's announced length is allocated at once: no
+    doubling from 1 MiB, whose zero-fills and copies wrote ~4x a 4 MB frame."""
+    import tracemalloc
+
+    server, client = unix_pair
+    data = os.urandom(size)
+    sender = threading.Thread(target=client.send, args=(data,))
+    tracemalloc.start()
+    try:
+        sender.start()
+        got = server.recv()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        sender.join(5)
+    assert len(got) == size and bytes(got) == data
+    assert len(got.obj) == size  # type: ignore[arg-type]
+    if size > f._FIRST_CHUNK:
+        assert peak < 1.25 * size, (peak, size)  # doubling peaks at the last two buffers together
+
+
+def test_new_buffer_is_a_bytearray_of_the_size_asked_with_or_without_the_c_part():
+    for make in (f.new_buffer, f._load_empty(), bytearray):
+        buf = make(12345)
+        assert type(buf) is bytearray and len(buf) == 12345
+        buf[-1] = 7  # writable, and resizable like any bytearray (the pool's unused probe)
+        buf.append(0)
+        assert len(buf) == 12346
+    if codec.native is not None:  # built: it does not zero-fill, and says so in its name
+        assert f.new_buffer is codec.native.empty_bytearray
+        with pytest.raises(ValueError, match=">= 0"):
+            f.new_buffer(-1)
 
 
 def test_a_grown_frame_buffer_joins_the_pool_for_reuse(pair):

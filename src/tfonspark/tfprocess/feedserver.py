@@ -25,7 +25,7 @@ from ..settings import DEFAULT_FEED_BUFFER_BYTES, feed_hold_limit
 from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
-from ..wire.framing import Connection, RecvBuffers, listen_unix, remove_unix_socket
+from ..wire.framing import Connection, RecvBuffers, listen_unix, new_buffer, remove_unix_socket
 from ..wire.listener import Listener
 
 __all__ = ["END_FEED", "PARTITIONS_AHEAD", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
@@ -264,7 +264,7 @@ class _SpillFile:
         return batch
 
     def read(self, offset: int, length: int) -> memoryview:
-        buf = self.buffers.take(length) if self.buffers is not None else memoryview(bytearray(length))
+        buf = self.buffers.take(length) if self.buffers is not None else memoryview(new_buffer(length))
         with self._lock:
             got = os.preadv(self.file.fileno(), [buf], offset)
             self.unread -= 1

@@ -1,4 +1,5 @@
-/* Optional accelerator for tfonspark.wire.codec: one column of rows of Python numbers, packed.
+/* Optional accelerator for tfonspark.wire.codec: one column of rows of Python numbers, packed;
+ * and, for tfonspark.wire.framing, receive buffers that are not zero-filled first.
  *
  * pack_column(out, rows, rowtype, fields, field, width, code) -> bool
  *   out      a writable C-contiguous buffer of at least len(rows) * max(width, 1) * 8 bytes
@@ -211,7 +212,26 @@ number_code(PyObject *Py_UNUSED(module), PyObject *value)
     return PyUnicode_FromString(any_float ? "d" : "q");
 }
 
+/* empty_bytearray(n): a bytearray of n bytes whose contents are not set (bytearray(n) zero-fills
+ * them, a pass over fresh memory that a receive overwrites at once). The caller fills every byte
+ * before anything reads them (framing._recv_exact does, or drops the buffer). */
+static PyObject *
+empty_bytearray(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "empty_bytearray: size must be >= 0");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, size);
+}
+
 static PyMethodDef methods[] = {
+    {"empty_bytearray", empty_bytearray, METH_O,
+     "empty_bytearray(n) -> bytearray of n bytes, contents not set: the caller overwrites them."},
     {"number_code", number_code, METH_O,
      "number_code(value) -> 'd', 'q' or None: numpy's float64/int64 for a flat list/tuple of numbers."},
     {"pack_column", (PyCFunction)(void (*)(void))pack_column, METH_FASTCALL,

@@ -7,3 +7,6 @@ def pack_column(out: Any, rows: Any, rowtype: type | None, fields: int, field: i
 
 def number_code(value: Any, /) -> str | None:
     """ "d" (float64) or "q" (int64): numpy's dtype for a flat list/tuple of numbers; None: ask numpy."""
+
+def empty_bytearray(size: int, /) -> bytearray:
+    """A bytearray of ``size`` bytes whose contents are not set (the caller overwrites them)."""

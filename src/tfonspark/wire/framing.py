@@ -16,8 +16,10 @@ Both sides then derive ``session = HMAC(secret, "k"+sn+cn)``. Every frame is::
 so a frame cannot be forged without the secret, replayed (sequence), moved to another
 connection (session key) or reflected back (direction). ``length`` is checked against
 ``max_frame`` before anything is read, and the receive buffer grows as bytes arrive (an
-announced length alone allocates at most 1 MiB). ``timeout`` bounds a whole handshake, not each
-read; :mod:`.listener` runs the server side for many peers without a thread each.
+announced length alone allocates at most 1 MiB; on an unsigned Unix-socket connection, whose
+authenticated peer alone can write the stream, the announced length is allocated at once).
+``timeout`` bounds a whole handshake, not each read; :mod:`.listener` runs the server side for
+many peers without a thread each.
 
 Same-host feeds use an *unsigned* connection over a Unix socket instead: the handshake is the
 same (and binds the channel kind, so a signed and an unsigned end cannot pair), then frames are
@@ -90,16 +92,37 @@ def _mac(key: bytes, *parts: Buffer) -> bytes:
     return mac.digest()
 
 
+def _load_empty() -> Any:
+    """``_pack.empty_bytearray`` (a bytearray not zero-filled), or ``bytearray`` without the C part."""
+    try:
+        from ._pack import empty_bytearray
+    except ImportError:
+        return bytearray
+    return empty_bytearray
+
+
+#: ``new_buffer(n)``: a bytearray of ``n`` bytes for a receive to fill. Its contents are not set
+#: where the optional C part is built: ``bytearray(n)`` zero-fills fresh memory first, a pass over
+#: every byte (and a page fault a page) that the receive then overwrites
+new_buffer: Any = _load_empty()
+
+
 def _recv_exact(
-    sock: socket.socket, size: int, into: memoryview | None = None, deadline: float | None = None
+    sock: socket.socket,
+    size: int,
+    into: memoryview | None = None,
+    deadline: float | None = None,
+    first_chunk: int = _FIRST_CHUNK,
 ) -> memoryview:
     """``size`` bytes from ``sock``, into ``into`` (exactly ``size`` long) or a fresh buffer.
 
-    A fresh buffer starts at most :data:`_FIRST_CHUNK` long and doubles as bytes arrive, so a
-    peer that announces a huge frame and sends little costs little memory. ``deadline``
-    (``time.monotonic()``) bounds the whole read, not each ``recv``.
+    A fresh buffer starts at most ``first_chunk`` long and doubles as bytes arrive, so a peer
+    that announces a huge frame and sends little costs little memory (each doubling zero-fills
+    and copies: a 4 MB frame from a 1 MiB start writes ~4x its size). ``deadline``
+    (``time.monotonic()``) bounds the whole read, not each ``recv``. Every byte of the buffer
+    returned was received; a read that fails raises and the buffer is dropped.
     """
-    view = into if into is not None else memoryview(bytearray(min(size, _FIRST_CHUNK)))
+    view = into if into is not None else memoryview(new_buffer(min(size, first_chunk)))
     got = 0
     while got < size:
         if got == len(view):
@@ -115,7 +138,7 @@ def _recv_exact(
 
 def _grow(view: memoryview, size: int) -> memoryview:
     """A buffer twice as long as the full ``view`` (at most ``size``), holding its bytes."""
-    bigger = bytearray(min(2 * len(view), size))
+    bigger = new_buffer(min(2 * len(view), size))
     bigger[: len(view)] = view
     return memoryview(bigger)
 
@@ -173,7 +196,7 @@ class RecvBuffers:
         """A writable view of exactly ``size`` bytes."""
         view = self.reuse(size)
         if view is None:
-            view = memoryview(bytearray(size))
+            view = memoryview(new_buffer(size))
             self.adopt(view.obj)  # type: ignore[arg-type]
         return view
 
@@ -257,7 +280,9 @@ class Connection:
             raise ProtocolError(f"peer announced a frame of {length} bytes; limit is {self.max_frame}")
         pool = self.buffers
         into = pool.reuse(length) if pool is not None else None
-        payload = _recv_exact(self.sock, length, into)
+        # unsigned: a Unix socket only the authenticated peer writes, so its announced length is
+        # what it sends; allocated at once, not grown by doubling (copies of a frame it has sent)
+        payload = _recv_exact(self.sock, length, into, first_chunk=_FIRST_CHUNK if self.signed else length)
         if pool is not None and into is None:
             pool.adopt(payload.obj)  # type: ignore[arg-type]
         if not self.signed:
