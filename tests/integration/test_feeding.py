@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,3 +223,72 @@ def test_cached_input_is_not_reread_across_epochs(sc, tmp_path, no_leftovers):
     cluster.shutdown(timeout=120)
     assert reads.value == 1000, "epochs must come from the cache, not recompute the source"
     rdd.unpersist()
+
+
+def _read_in_lockstep(args, ctx):
+    """Read 50-row steps in lockstep with the other node (as MWMS nodes do), through a file
+    barrier; record which partitions this node read (a row's label // 200 is its partition)."""
+    import glob
+    import time
+
+    feed = ctx.get_data_feed(train_mode=True)
+    me = os.path.join(args, f"step-{ctx.job_name}{ctx.task_index}")
+    steps, labels = 0, []
+
+    def write(path, text):
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+    def others_at(step):
+        others = [p for p in glob.glob(os.path.join(args, "step-*")) if p != me and not p.endswith(".tmp")]
+        steps = [int(Path(p).read_text() or 0) for p in others]
+        return len(others) == 1 and all(s < 0 or s >= step for s in steps)
+
+    write(me, "0")
+    while not feed.should_stop():
+        batch = feed.next_columns(50)
+        if batch is None:
+            break
+        labels.extend(int(v) for v in np.asarray(batch.columns[-1]))
+        steps += 1
+        write(me, str(steps))
+        deadline = time.monotonic() + 5  # a starved peer ends the lockstep (the test then fails)
+        while not others_at(steps) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    write(me, "-1")  # done: the other node stops waiting for this one
+    with open(os.path.join(args, f"read-{ctx.job_name}{ctx.task_index}.json"), "w") as f:
+        json.dump(sorted({v // 200 for v in labels}), f)
+
+
+def _slow_on_one_executor(marker):
+    """Partition rows; the feed tasks of whichever executor runs first start 0.4 s late."""
+
+    def rows(index, it):
+        key = os.environ.get("SPARK_LOCAL_DIRS", "")
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, key.encode())
+            os.close(fd)
+        except FileExistsError:
+            pass
+        if Path(marker).read_text() == key:
+            time.sleep(0.4)
+        return it
+
+    return rows
+
+
+def test_nodes_reading_in_lockstep_get_equal_shares_from_uneven_executors(sc, tmp_path, no_leftovers):
+    """Feed tasks end as their node reads, not on arrival: an executor that frees first does not
+    take more partitions, so lockstep nodes (MWMS) are not starved (feedserver.PARTITIONS_AHEAD)."""
+    data = sc.parallelize(range(1600), 8).map(lambda i: (float(i), i))
+    fed = data.mapPartitionsWithIndex(_slow_on_one_executor(str(tmp_path / "slow-executor")))
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = tfonspark.run(sc, _read_in_lockstep, str(out), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    assert cluster.train(fed, num_epochs=1, feed_timeout=60) == 1600
+    cluster.shutdown(timeout=120)
+    shares = sorted(json.loads(p.read_text()) for p in out.glob("read-*.json"))
+    assert [len(s) for s in shares] == [4, 4], f"partitions read by each node: {shares}"
+    assert sorted(p for s in shares for p in s) == list(range(8))
