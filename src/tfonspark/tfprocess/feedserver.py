@@ -139,11 +139,15 @@ class ByteQueue:
         self.capacity = capacity
         self.nbytes = 0
         self.reserved = 0
-        self.partitions = 0
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
         self._cond = threading.Condition()
         self.aborted = False
+
+    @property
+    def partitions(self) -> int:
+        """Committed training partitions whose end marker map_fun has not read yet."""
+        return len(self._ends)
 
     def _used(self) -> int:
         return self.nbytes + self.reserved
@@ -206,7 +210,6 @@ class ByteQueue:
             end = (stream, None, 0)  # partition boundary marker
             self._items.append(end)
             self._ends.append(end)
-            self.partitions += 1
             self._cond.notify_all()
             return True
 
@@ -229,7 +232,6 @@ class ByteQueue:
             self.nbytes -= nbytes
             if self._ends and self._ends[0] is entry:
                 self._ends.popleft()
-                self.partitions -= 1
             self._cond.notify_all()
         if isinstance(item, SpilledBatch):
             item = item.load()
@@ -242,7 +244,6 @@ class ByteQueue:
             self._items.clear()
             self._ends.clear()
             self.nbytes = 0
-            self.partitions = 0
             self._cond.notify_all()
 
 
