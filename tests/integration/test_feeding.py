@@ -229,7 +229,6 @@ def _read_in_lockstep(args, ctx):
     """Read 50-row steps in lockstep with the other node (as MWMS nodes do), through a file
     barrier; record which partitions this node read (a row's label // 200 is its partition)."""
     import glob
-    import time
 
     feed = ctx.get_data_feed(train_mode=True)
     me = os.path.join(args, f"step-{ctx.job_name}{ctx.task_index}")
@@ -242,8 +241,8 @@ def _read_in_lockstep(args, ctx):
 
     def others_at(step):
         others = [p for p in glob.glob(os.path.join(args, "step-*")) if p != me and not p.endswith(".tmp")]
-        steps = [int(Path(p).read_text() or 0) for p in others]
-        return len(others) == 1 and all(s < 0 or s >= step for s in steps)
+        at = [int(Path(p).read_text() or 0) for p in others]
+        return len(others) == 1 and all(s < 0 or s >= step for s in at)
 
     write(me, "0")
     while not feed.should_stop():
