@@ -8,6 +8,9 @@ alternate within each repetition, and all of them read the same cached rows:
 - ``df``:    tfonspark ``Cluster.train(df)`` (Arrow batches via ``mapInArrow``)
 - ``plain``: the Spark limits: ``rdd.foreachPartition`` iterating rows, ``df.mapInArrow``
   draining batches
+- ``paired`` (not in the default set): ``rdd`` and plain ``foreachPartition`` of the same RDD
+  job by job on one cluster, in alternating order (``--pairs`` warm pairs): the ratio without
+  the drift between two clusters' JVMs and the host's load over minutes
 
 Rows are ``(float32 array, int)`` (``--row-types array``) or, as TFoS users' RDDs hold them,
 ``(list of floats, int)`` (``list``: ``x.tolist()``, ``(vec[1:], vec[0])``) or ``(tuple of
@@ -39,6 +42,7 @@ tables.
     python benchmarks/feed.py --variants rdd,plain --row-types list,tuple
     python benchmarks/feed.py --pack --row-types array,list,tuple    # no Spark: the Python work
     python benchmarks/feed.py --map --variants rdd,plain --row-types list,tuple,array,row --epochs 1
+    python benchmarks/feed.py --map --variants paired --row-types list,tuple --epochs 1 --pairs 3
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import functools
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
 
-VARIANTS = ["tfos", "rdd", "df", "plain"]
+VARIANTS = ["tfos", "rdd", "df", "plain", "paired"]
+DEFAULT_VARIANTS = VARIANTS[:4]
 ROW_TYPES = ["array", "list", "tuple", "row"]
 LABELS = {
     "tfos": "TFoS 2.2.5",
@@ -67,11 +72,17 @@ LABELS = {
     "plain-arrow": "Spark mapInArrow drain",
     "rdd-cold": "tfonspark RDD 1st pass",
     "plain-rdd-cold": "Spark foreachPartition 1st pass",
+    "paired-rdd": "tfonspark RDD, paired",
+    "paired-plain": "Spark foreachPartition, paired",
+    "paired-rdd-cold": "tfonspark RDD 1st pass, paired",
+    "paired-plain-cold": "Spark foreachPartition 1st pass, paired",
 }
 #: (numerator, denominator, target) of the reported ratios
 RATIOS = [
     ("rdd", "plain-rdd", 0.8),
     ("rdd-cold", "plain-rdd-cold", 0.8),
+    ("paired-rdd", "paired-plain", 0.8),
+    ("paired-rdd-cold", "paired-plain-cold", 0.8),
     ("df", "plain-arrow", 0.8),
     ("rdd", "tfos", 10.0),
     ("df", "tfos", 10.0),
@@ -281,6 +292,9 @@ class Run:
         self.results: dict[tuple[str, str], list[c.Sample]] = defaultdict(list)
         self.sc: Any = None
         self.spark: Any = None
+        self.paired_reps = 0
+        #: ("paired" or "paired-cold", shape) -> tfonspark/plain rows/s of each pair (``paired``)
+        self.pair_ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
 
     def rows(self, shape: c.Shape, variant: str) -> int:
         """Rows of ``shape`` for ``variant`` (TFoS is capped)."""
@@ -457,6 +471,76 @@ def run_plain(run: Run) -> None:
             stored.unpersist()
 
 
+def run_paired(run: Run) -> None:
+    """tfonspark ``train`` and plain ``foreachPartition`` of the same RDD, job by job, on one cluster.
+
+    Separate variants run on separate fresh clusters, whose JVMs' JIT and the host's load drift
+    apart by more than the 10% at stake (one run's executor JVM spent 22 and another's 45 CPU
+    us per MNIST row on the same plain job). Here both read the same cached rows through the
+    same executor JVMs and Python workers; the TF processes stay idle while Spark runs alone.
+    1st pass: after a small job of each, one pass of each, who goes first alternating with the
+    rep; warm: ``--warmup`` seconds of both, then ``--pairs`` pairs in alternating order. A
+    tfonspark job is timed until the consumers have read all but a partial batch per node (as
+    its 1st pass is measured elsewhere too); the per-pair ratios are kept and printed.
+    """
+    import tfonspark
+
+    rep, run.paired_reps = run.paired_reps, run.paired_reps + 1
+    run.start_spark()
+    for case in run.cases_for("rdd"):
+        stored, n = run.dataset(case, "rdd", "rdd")
+        data = fed_rdd(stored, case, run.opts.map)
+        counters = c.Counters()
+        args = {"dir": counters.dir, "batch": run.opts.batch}
+        with c.quiet_stage(f"paired {case.name}: cluster start"):
+            cluster = tfonspark.run(
+                run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
+            )
+        try:
+            _pairs(run, case, _PairedJobs(run, _Feed(cluster, counters, run.opts), data, n), rep)
+        finally:
+            counters.release()
+            cluster.shutdown(timeout=120)
+            stored.unpersist()
+
+
+class _PairedJobs:
+    """The two jobs of a pair, each returning its :class:`c.Sample`."""
+
+    def __init__(self, run: Run, feed: _Feed, data: Any, n: int) -> None:
+        self.run, self.feed, self.data, self.n = run, feed, data, n
+
+    def tfonspark(self, epochs: int) -> c.Sample:
+        meter = c.Meter()
+        return meter.stop(at=self.feed(self.data, self.n, epochs))
+
+    def plain(self, epochs: int) -> c.Sample:
+        meter = c.Meter()
+        _check(plain_rdd(self.run.sc, self.data, epochs), self.n * epochs)
+        return meter.stop()
+
+
+def _pairs(run: Run, case: Case, jobs: _PairedJobs, rep: int) -> None:
+    """The 1st-pass pair, warm-up, then ``--pairs`` warm pairs; records samples and ratios."""
+    small = warm_rdd(run, case)
+    with c.quiet_stage(f"paired {case.name}: small warm-up jobs"):
+        jobs.feed(small, COLD_WARM_ROWS, 1)
+        _check(plain_rdd(run.sc, small), COLD_WARM_ROWS)
+    _pair(run, case, jobs, 1, "-cold", tfonspark_first=rep % 2 == 0)
+    with c.quiet_stage(f"paired {case.name}: warm-up jobs"):
+        c.warm_up(lambda: (jobs.tfonspark(run.opts.epochs), jobs.plain(run.opts.epochs)), run.opts.warmup)
+    for i in range(run.opts.pairs):
+        _pair(run, case, jobs, run.opts.epochs, "", tfonspark_first=(rep + i) % 2 == 0)
+
+
+def _pair(run: Run, case: Case, jobs: _PairedJobs, epochs: int, suffix: str, tfonspark_first: bool) -> None:
+    order = [("rdd", jobs.tfonspark), ("plain", jobs.plain)]
+    samples = {name: job(epochs) for name, job in (order if tfonspark_first else order[::-1])}
+    for name, sample in samples.items():
+        run.record(f"paired-{name}{suffix}", case.name, jobs.n * epochs, sample)
+    run.pair_ratios[(f"paired{suffix}", case.name)].append(samples["rdd"].rate / samples["plain"].rate)
+
+
 def warm_rdd(run: Run, case: Case) -> Any:
     """The small job's rows before a 1st-pass measurement: ``case``'s rows, uncached (mapped
     again with ``--map``, as the measured RDD is)."""
@@ -500,7 +584,7 @@ def targets(run: Run) -> list[str]:
     out = []
     for case in run.cases:
         for a, b, target in RATIOS:
-            goal = 0.9 if run.opts.map and b.startswith("plain-rdd") else target  # issue 26
+            goal = 0.9 if run.opts.map and b.startswith(("plain-rdd", "paired-plain")) else target  # issue 26
             if (b == "tfos" and case.name != "tabular") or (b == "plain-arrow" and case.row_type != "array"):
                 continue
             num, den = run.median(a, case.name, "rate"), run.median(b, case.name, "rate")
@@ -557,9 +641,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3,
         help="passes over the data in each timed tfonspark/plain job (default 3; TFoS: 1)",
     )
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="warm pairs of jobs per shape and rep of the paired variant (default 3; --quick: 1)",
+    )
     c.add_run_args(p, VARIANTS, "consumer batch size")
+    p.set_defaults(variants=",".join(DEFAULT_VARIANTS))
     opts = p.parse_args(argv)
-    c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0)
+    c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0, pairs=1)
     if opts.epochs < 1:
         p.error(f"--epochs must be >= 1. Received: {opts.epochs}")
     return opts
@@ -584,11 +675,12 @@ def main(argv: list[str] | None = None) -> int:
         f"load {c.load_average()}",
         flush=True,
     )
-    runners = {
+    runners: dict[str, Callable[[], Any]] = {
         "tfos": lambda: c.guarded("tfos", functools.partial(run_tfos, run)),
         "rdd": functools.partial(run_tfonspark, run, "rdd"),
         "df": functools.partial(run_tfonspark, run, "df"),
         "plain": functools.partial(run_plain, run),
+        "paired": functools.partial(run_paired, run),
     }
     seconds = c.alternate(variants, opts.reps, runners)
     measures = [m for m in LABELS if m.split("-")[0] in variants]
@@ -603,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n(TFoS ran on fewer rows: {', '.join(capped)}; see --tfos-rows)")
     print()
     print("\n".join(targets(run)))
+    if run.pair_ratios:
+        print("\ntfonspark / Spark rows/s of each pair (paired variant), in the order run:")
+        for (kind, shape), ratios in run.pair_ratios.items():
+            print(
+                f"- {shape} {'1st pass' if kind.endswith('cold') else 'warm'}: {', '.join(f'{r:.2f}' for r in ratios)}"
+            )
     return 0
 
 

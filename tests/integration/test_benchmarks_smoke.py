@@ -14,6 +14,7 @@ import importlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -28,7 +29,7 @@ TIMEOUT = 240  # per script; both finish in well under 90 s together on an idle 
 SHARED: dict[str, tuple[str, ...]] = {
     "test_feed_benchmark_quick_run_prints_a_table": (
         "feed.py",
-        *("--variants", "rdd,df,plain", "--shapes", "tabular", "--row-types", "array,list"),
+        *("--variants", "rdd,df,plain,paired", "--shapes", "tabular", "--row-types", "array,list"),
     ),
     "test_inference_benchmark_quick_run_prints_a_table": ("inference.py", "--variants", "rows,columns,udf"),
     # 3 micro-batches as --quick's 150,000 rows give, of 10,000 rows each
@@ -110,13 +111,14 @@ def _table(out: str) -> tuple[list[str], list[list[str]]]:
 @pytest.mark.timeout(600)  # the first of the shared run's tests pays for all of it
 def test_feed_benchmark_quick_run_prints_a_table(shared_runs):
     """feed.py measures tfonspark RDD/DF and both plain-Spark limits, on array and list rows,
-    warm and on the 1st pass, and prints its table."""
+    warm and on the 1st pass, also paired job by job on one cluster, and prints its table."""
     out = _shared_output(shared_runs, "feed.py")
     header, rows = _table(out)
     assert [r[0] for r in rows] == ["tabular", "tabular-list"]
     assert "TFoS 2.2.5" not in header, "the TFoS variant was not asked for"
     rates, list_rates = dict(zip(header, rows[0])), dict(zip(header, rows[1]))
     rdd = ("tfonspark RDD", "Spark foreachPartition", "tfonspark RDD 1st pass", "Spark foreachPartition 1st pass")
+    rdd += tuple(f"{name}, paired" for name in rdd)
     for column in (*rdd, "tfonspark DF", "Spark mapInArrow drain"):
         assert rates[column] not in ("", "n/a"), rates
     for column in rdd:
@@ -124,6 +126,8 @@ def test_feed_benchmark_quick_run_prints_a_table(shared_runs):
     assert list_rates["tfonspark DF"] == "n/a", "DataFrames have no list rows"
     assert "tabular: tfonspark RDD >= 0.8x Spark foreachPartition" in out
     assert "tabular-list: tfonspark RDD 1st pass >= 0.8x Spark foreachPartition 1st pass" in out
+    assert "tabular-list: tfonspark RDD, paired >= 0.8x Spark foreachPartition, paired" in out
+    assert re.search(r"- tabular-list warm: \d+\.\d\d\n", out), "the paired ratios are printed"
 
 
 @pytest.mark.slow
