@@ -100,6 +100,27 @@ CASES = [
     [(1.0, 2, 3.0)] * 5,  # rows of scalars
     [[1, 2], [3, 4.5]],
     [(np.zeros(4), 1)] * 3,  # array rows
+    [(np.arange(32, dtype=np.float32) + i, i) for i in range(50)],  # small arrays: np.asarray's path
+    [[np.ones(784, np.float32) * i, i] for i in range(20)],  # large arrays in list rows
+    [(np.arange(12, dtype=np.int16).reshape(4, 3) + i, i) for i in range(5)],  # 2-D int16
+    [(np.array([True, False]), 1)] * 3,
+    [np.arange(5.0) + i for i in range(10)],  # rows that are arrays
+    [np.ones(600, np.float32)] * 3,
+    [{"x": np.ones(3, np.float32) * i, "y": i} for i in range(4)],
+    [(np.zeros(4, np.float32), 1), (np.zeros(4, np.float64), 2)],  # dtypes promote
+    [(np.zeros(4), 1), (np.zeros(5), 2)],  # ragged
+    [(np.zeros((2, 2)), 1), (np.zeros(4), 2)],  # same size, other shape
+    [(np.arange(8.0)[::2], 1)] * 3,  # strided views
+    [(np.arange(4.0), 1), (np.arange(8.0)[::2], 2)],
+    [(np.asfortranarray(np.arange(6.0).reshape(2, 3)), 1)] * 2,
+    [(np.zeros(4, ">f4"), 1)] * 3,  # not native byte order: numpy's result is native
+    [(np.array(1.5), 1)] * 3,  # 0-d arrays
+    [(np.zeros(0), 1)] * 3,  # empty arrays
+    [(np.array([1, "a"], dtype=object), 1)] * 2,
+    [(np.zeros(4), 1), (np.zeros(4).view(type("Sub", (np.ndarray,), {})), 2)],  # a subclass
+    [([1.0] * 4, 1), (np.ones(4), 2)],  # an array among lists
+    [(np.ones(4), 1), ([1.0] * 4, 2)],  # a list among arrays
+    [(np.ones(4, np.float32), 1), (np.ones(4, np.float32), 2.5)],  # a float label after ints
     [("a", [1.0] * 4, {"k": 1})] * 2,
     [{"x": [1.0] * 4, "y": 1}] * 3,
     [1.0, 2.0, 3],
@@ -193,6 +214,55 @@ def test_the_c_packer_checks_its_buffer_and_keeps_reference_counts():
         codec.native.pack_column(out, rows, tuple, 2, 2, 2, "d")  # no field 2
     with pytest.raises(ValueError):
         codec.native.pack_column(out, rows, tuple, 2, 0, 2**61, "d")  # width * 8 would overflow
+
+
+@needs_native
+def test_the_c_array_packer_copies_equal_arrays_and_falls_back_on_anything_else():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(4)]
+    rows = [(a, i) for i, a in enumerate(arrays)]
+    before = (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(arrays[0]))
+    out = np.zeros(4 * 24, np.uint8)
+    pack = codec.native.pack_arrays
+    assert pack(out, rows, tuple, 2, 0, np.ndarray, "f", (2, 3)) is True
+    assert np.array_equal(out.view(np.float32).reshape(4, 2, 3), np.stack(arrays))
+    assert pack(out, arrays, None, 0, -1, np.ndarray, "f", (2, 3)) is True
+    assert pack(out, rows, tuple, 2, 0, np.ndarray, "d", (2, 3)) is False  # another format
+    assert pack(out, rows, tuple, 2, 0, np.ndarray, "f", (3, 2)) is False  # another shape
+    assert pack(out, rows, list, 2, 0, np.ndarray, "f", (2, 3)) is False  # tuples, not lists
+    assert pack(out, rows, tuple, 2, 1, np.ndarray, "f", (2, 3)) is False  # ints, not arrays
+    strided = [(np.arange(12, dtype=np.float32).reshape(2, 6)[:, ::2], 0)]
+    assert pack(out, strided, tuple, 2, 0, np.ndarray, "f", (2, 3)) is False
+    assert (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(arrays[0])) == before
+    with pytest.raises(ValueError, match="too small"):
+        pack(out[:-1], rows, tuple, 2, 0, np.ndarray, "f", (2, 3))
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        pack(bytes(96), rows, tuple, 2, 0, np.ndarray, "f", (2, 3))  # read-only
+    with pytest.raises(ValueError):
+        pack(out, rows, tuple, 2, 0, np.ndarray, "f", [2, 3])  # shape not a tuple
+    with pytest.raises(ValueError):
+        pack(out, rows, tuple, 2, 2, np.ndarray, "f", (2, 3))  # no field 2
+    with pytest.raises(ValueError):
+        pack(out, rows, tuple, 2, 0, np.ndarray, "f", (2**40, 2**40))  # would overflow
+
+
+@needs_native
+def test_array_rows_are_packed_in_c(monkeypatch):
+    """The array cases above pass by falling back too: this one must take the C path."""
+    real, used = codec.native, []
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def pack_arrays(self, *args: Any) -> bool:
+            used.append(real.pack_arrays(*args))
+            return used[-1]
+
+    monkeypatch.setattr(codec, "native", Spy())
+    batch = pack_rows([(np.ones(32, np.float32) * i, i) for i in range(10)], scratch=Scratch())
+    assert used == [True] and batch.columns[0].dtype == np.float32 and batch.columns[0][3].tolist() == [3.0] * 32
+    pack_rows([np.ones((2, 2)) * i for i in range(3)])
+    assert used == [True, True]
 
 
 def test_the_c_packer_is_built_where_a_c_compiler_is():

@@ -19,6 +19,12 @@
  * results and messages are the pure-Python ones. Bad arguments (a short or read-only buffer,
  * an unknown code) raise ValueError/TypeError.
  *
+ * pack_arrays(out, rows, rowtype, fields, field, arraytype, fmt, shape) -> bool
+ *   the same for a column of arrays: each value must be of exactly `arraytype` (numpy.ndarray),
+ *   C-contiguous, with the buffer format `fmt` (a str) and the shape `shape` (a tuple of ints),
+ *   as the first row's array; its bytes are copied as they are. False at the first value that
+ *   is not (another type, dtype or shape, a strided view), where numpy decides.
+ *
  * Safety: the GIL is held throughout and no Python code runs while the rows are read (floats,
  * exact ints and bools convert without calling back into Python), so no row can change under us;
  * items are borrowed from `rows`, which the caller keeps alive. Every write is inside the
@@ -179,6 +185,109 @@ pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
+/* The array of one row (rows were checked by the caller): its bytes into dst; -1 to fall back. */
+static int
+copy_array(PyObject *value, PyObject *arraytype, const char *fmt, PyObject *shape, Py_ssize_t nbytes, char *dst)
+{
+    Py_buffer view;
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    int same;
+
+    if ((PyObject *)Py_TYPE(value) != arraytype) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* e.g. a strided view: numpy copies it */
+        return -1;
+    }
+    same = view.len == nbytes && view.ndim == ndim && strcmp(view.format ? view.format : "B", fmt) == 0;
+    for (Py_ssize_t d = 0; same && d < ndim; d++) {
+        same = view.shape[d] == PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+    }
+    if (same) {
+        memcpy(dst, view.buf, (size_t)nbytes);
+    }
+    PyBuffer_Release(&view);
+    return same ? 0 : -1;
+}
+
+static PyObject *
+pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t fields, field, nbytes = 1;
+    Py_buffer out;
+    int failed = 0;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pack_arrays(out, rows, rowtype, fields, field, arraytype, fmt, shape) takes 8 arguments");
+        return NULL;
+    }
+    PyObject *rows = args[1], *rowtype = args[2], *arraytype = args[5], *shape = args[7];
+    if ((fields = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((field = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const char *fmt = PyUnicode_Check(args[6]) ? PyUnicode_AsUTF8(args[6]) : NULL;
+    if (fmt == NULL || !PyTuple_Check(shape) || !PyType_Check(arraytype) || field >= fields ||
+        (field >= 0 && !PyType_Check(rowtype))) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "pack_arrays: bad fmt, shape, arraytype, field or rowtype");
+        return NULL;
+    }
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++) {
+        Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (size < 0 || (size > 0 && nbytes > PY_SSIZE_T_MAX / 16 / size)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "pack_arrays: bad shape");
+            return NULL;
+        }
+        nbytes *= size;
+    }
+    if (!PyList_CheckExact(args[1]) && !PyTuple_CheckExact(args[1])) {
+        Py_RETURN_FALSE;
+    }
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(rows);
+    PyObject **items = PySequence_Fast_ITEMS(rows);
+    /* nbytes so far counts items; the first row's buffer gives the item size */
+    Py_ssize_t itemsize = 0;
+    if (count > 0) {
+        PyObject *first = value_of(items[0], rowtype, fields, field);
+        Py_buffer probe;
+        if (first == NULL || (PyObject *)Py_TYPE(first) != arraytype ||
+            PyObject_GetBuffer(first, &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            PyErr_Clear();
+            PyBuffer_Release(&out);
+            Py_RETURN_FALSE;
+        }
+        itemsize = probe.itemsize;
+        PyBuffer_Release(&probe);
+    }
+    if (itemsize > 16) { /* not a numeric dtype the caller asks for */
+        PyBuffer_Release(&out);
+        Py_RETURN_FALSE;
+    }
+    nbytes *= itemsize;
+    if (nbytes > 0 && count > out.len / nbytes) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "pack_arrays: buffer too small for the rows");
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < count && !failed; r++) {
+        PyObject *value = value_of(items[r], rowtype, fields, field);
+        failed = value == NULL || copy_array(value, arraytype, fmt, shape, nbytes, (char *)out.buf + r * nbytes) < 0;
+    }
+    PyBuffer_Release(&out);
+    if (failed) {
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* number_code(value) -> "d", "q" or None: the code of numpy's dtype for a non-empty exact list
  * or tuple of floats (float subclasses too) and exact ints within int64: float64 ("d") if any is
  * a float, else int64 ("q"), as np.asarray(value) gives; None for anything else (bools, other
@@ -234,6 +343,9 @@ static PyMethodDef methods[] = {
      "empty_bytearray(n) -> bytearray of n bytes, contents not set: the caller overwrites them."},
     {"number_code", number_code, METH_O,
      "number_code(value) -> 'd', 'q' or None: numpy's float64/int64 for a flat list/tuple of numbers."},
+    {"pack_arrays", (PyCFunction)(void (*)(void))pack_arrays, METH_FASTCALL,
+     "pack_arrays(out, rows, rowtype, fields, field, arraytype, fmt, shape) -> bool: one column of rows "
+     "of equal C-contiguous arrays into out; False where numpy must decide."},
     {"pack_column", (PyCFunction)(void (*)(void))pack_column, METH_FASTCALL,
      "pack_column(out, rows, rowtype, fields, field, width, code) -> bool: one column of rows of "
      "floats/ints into out; False where the pure-Python packer must decide."},
