@@ -346,18 +346,12 @@ def run_tfonspark(run: Run, variant: str) -> None:
     return before the consumers have read everything: the clock runs on until they have,
     which is seen once ``shutdown`` has closed the feed (so: a new cluster per shape).
     """
-    import tfonspark
 
     run.start_spark()
     for case in run.cases_for(variant):
         stored, n = run.dataset(case, variant, variant)
         frame = fed_rdd(stored, case, run.opts.map) if variant == "rdd" else stored
-        counters = c.Counters()
-        args = {"dir": counters.dir, "batch": run.opts.batch}
-        with c.quiet_stage(f"{variant} {case.name}: cluster start"):
-            cluster = tfonspark.run(
-                run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
-            )
+        cluster, counters = _start_cluster(run, f"{variant} {case.name}")
         try:
             feed = _Feed(cluster, counters, run.opts)
             if variant == "rdd":
@@ -371,6 +365,19 @@ def run_tfonspark(run: Run, variant: str) -> None:
             counters.release()
             cluster.shutdown(timeout=120)  # a no-op after a successful run
             stored.unpersist()
+
+
+def _start_cluster(run: Run, label: str) -> tuple[Any, c.Counters]:
+    """A tfonspark cluster of ``NODES`` draining consumers, and the counters they report to."""
+    import tfonspark
+
+    counters = c.Counters()
+    args = {"dir": counters.dir, "batch": run.opts.batch}
+    with c.quiet_stage(f"{label}: cluster start"):
+        cluster = tfonspark.run(
+            run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
+        )
+    return cluster, counters
 
 
 class _Feed:
@@ -483,19 +490,13 @@ def run_paired(run: Run) -> None:
     tfonspark job is timed until the consumers have read all but a partial batch per node (as
     its 1st pass is measured elsewhere too); the per-pair ratios are kept and printed.
     """
-    import tfonspark
 
     rep, run.paired_reps = run.paired_reps, run.paired_reps + 1
     run.start_spark()
     for case in run.cases_for("rdd"):
         stored, n = run.dataset(case, "rdd", "rdd")
         data = fed_rdd(stored, case, run.opts.map)
-        counters = c.Counters()
-        args = {"dir": counters.dir, "batch": run.opts.batch}
-        with c.quiet_stage(f"paired {case.name}: cluster start"):
-            cluster = tfonspark.run(
-                run.sc, consume_tfonspark, args, NODES, input_mode=tfonspark.InputMode.SPARK, reservation_timeout=300
-            )
+        cluster, counters = _start_cluster(run, f"paired {case.name}")
         try:
             _pairs(run, case, _PairedJobs(run, _Feed(cluster, counters, run.opts), data, n), rep)
         finally:
