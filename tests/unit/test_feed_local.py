@@ -385,6 +385,26 @@ def test_pacing_gives_up_after_half_the_feed_timeout_without_an_error(make_serve
     assert server.queue("input").partitions == 2
 
 
+def test_pacing_holds_a_feeder_for_as_long_as_map_fun_keeps_reading(make_server):
+    """A map_fun slower than feed_timeout per partition still paces the feeders: the node tells
+    the waiting feeder Pending while map_fun takes batches, so neither side times out."""
+    server = make_server()
+    assert train(feeder_for(server, feed_timeout=2.0), 0, list(range(40))) == 40
+    second = Bg(train, feeder_for(server, feed_timeout=2.0), 1, list(range(40, 80)))
+    assert wait_until(lambda: server.queue("input").partitions == 2)
+    feed, rows = DataFeed(server), []
+    start = time.monotonic()
+    while time.monotonic() - start < 3.0:  # 1.5 feed_timeouts on partition 0, a row at a time
+        rows += feed.next_batch(1)
+        time.sleep(0.09)
+        assert second.thread.is_alive() or len(rows) >= 40, f"acknowledged after {len(rows)} of 40 rows"
+    assert second.thread.is_alive() and len(rows) < 40  # still held, and no FeedTimeout raised
+    while len(rows) < 41:
+        rows += feed.next_batch(1)
+    assert second.get(5) == 40
+    assert [int(r) for r in rows] == list(range(41))
+
+
 def test_terminate_releases_a_feeder_that_waits_for_map_fun_to_read(make_server):
     server = make_server()
     train(feeder_for(server), 0, [1])

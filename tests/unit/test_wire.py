@@ -575,6 +575,7 @@ EXAMPLES = [
     m.FeedEnd(count=100),
     m.FeedClose(qname="input"),
     m.Terminate(),
+    m.Pending(),
     m.ResultsEnd(count=100),
 ]
 

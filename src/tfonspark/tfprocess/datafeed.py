@@ -209,6 +209,8 @@ class DataFeed:
             self._pending = None if offset + take == batch.count else (s, batch, offset + take)
         self._last = (stream, total)
         self._mid_frame = self._pending is not None and self._pending[0] is stream
+        if total:
+            self.queue.reads += 1  # progress, which keeps paced feeders waiting (FeedServer._pace)
         return _concat(parts) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:

@@ -50,7 +50,8 @@ _REMEMBERED_FEEDS = 64
 #: a feeder sends its FeedStart right after connecting
 _FIRST_MESSAGE_SECS = 30.0
 #: a training partition's Ack waits until map_fun has read every partition committed before
-#: it (at most half of feed_timeout, so the feeder never times out on it). The feed task holds
+#: it (the feeder is told Pending while map_fun reads, so it never times out on it; after half
+#: of feed_timeout in which map_fun read nothing the Ack goes anyway). The feed task holds
 #: its Spark core meanwhile, as TFoS's did until its partition was consumed, so the nodes take
 #: partitions as fast as each reads them: a node whose executor frees first does not get more.
 #: MultiWorkerMirrored programs that derive their steps from rows / num_workers (every TFoS
@@ -139,6 +140,7 @@ class ByteQueue:
         self.capacity = capacity
         self.nbytes = 0
         self.reserved = 0
+        self.reads = 0  # map_fun's reads that took rows (DataFeed counts them): its progress, for pacing
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
         self._cond = threading.Condition()
@@ -213,13 +215,14 @@ class ByteQueue:
             self._cond.notify_all()
             return True
 
-    def wait_behind(self, ahead: int, timeout: float) -> None:
-        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread.
+    def wait_behind(self, ahead: int, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread (or
+        the queue was aborted); False if they still are.
 
         Never raises: it paces feeders to map_fun's reading, it does not detect stalls.
         """
         with self._cond:
-            self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted, timeout)
+            return self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted, timeout)
 
     def get(self, timeout: float | None = None) -> tuple[Any, Any]:
         with self._cond:
@@ -532,13 +535,33 @@ class FeedServer:
             if first and queue.commit(stream, staging.batches(), staging.staged):
                 staging.staged = 0
                 if self.ahead is not None:
-                    queue.wait_behind(self.ahead, stream.timeout / 2)
+                    self._pace(stream, queue, self.ahead)
                 if self.terminated:
                     return False  # the feeder was told Terminate while this waited
             m.send_message(stream.conn, m.Ack(count))
             return False
         finally:
             staging.discard()
+
+    def _pace(self, stream: Stream, queue: ByteQueue, ahead: int) -> None:
+        """Hold a committed partition's Ack until map_fun has read all but ``ahead`` of the
+        partitions committed before it, so that feed tasks keep pace with map_fun and the nodes
+        share partitions as they read them.
+
+        While map_fun reads rows the feeder is told ``Pending`` every quarter of
+        ``feed_timeout`` (its wait for the Ack starts over), however slow its steps; once it has
+        read none for half of ``feed_timeout`` the Ack goes anyway (a stalled map_fun is caught
+        by the waits that detect stalls, not here).
+        """
+        interval, quiet = stream.timeout / 4, stream.timeout / 2
+        reads, progress = queue.reads, time.monotonic()
+        while not queue.wait_behind(ahead, interval) and not self.terminated:
+            now = time.monotonic()
+            if queue.reads != reads:
+                reads, progress = queue.reads, now
+            if now - progress >= quiet:
+                return
+            m.send_message(stream.conn, m.Pending())
 
     def _receive_inference(self, stream: Stream, queue: ByteQueue) -> bool:
         limit = feed_hold_limit(stream.timeout)  # derived from feed_timeout (settings)

@@ -190,6 +190,14 @@ class FeedClose(Message):
 
 
 @dataclass
+class Pending(Message):
+    """Node -> feeder: the partition arrived and is queued; its Ack waits until map_fun has read
+    the partitions queued before it. Sent while map_fun reads, so the feeder waits on."""
+
+    TYPE: ClassVar[str] = "pending"
+
+
+@dataclass
 class Terminate(Message):
     """Node -> feeder: the TF process called ``terminate()``; send nothing more."""
 
