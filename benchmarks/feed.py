@@ -346,7 +346,6 @@ def run_tfonspark(run: Run, variant: str) -> None:
     return before the consumers have read everything: the clock runs on until they have,
     which is seen once ``shutdown`` has closed the feed (so: a new cluster per shape).
     """
-
     run.start_spark()
     for case in run.cases_for(variant):
         stored, n = run.dataset(case, variant, variant)
@@ -490,7 +489,6 @@ def run_paired(run: Run) -> None:
     tfonspark job is timed until the consumers have read all but a partial batch per node (as
     its 1st pass is measured elsewhere too); the per-pair ratios are kept and printed.
     """
-
     rep, run.paired_reps = run.paired_reps, run.paired_reps + 1
     run.start_spark()
     for case in run.cases_for("rdd"):

@@ -184,8 +184,8 @@ class Feeder:
             count = self._send_partition(link, itertools.chain([first], batches), True)
             if link.terminated:
                 return count
-            reply = m.recv_message(link.conn, m.Ack, m.Terminate, m.Reject, m.Pending)
-            while isinstance(reply, m.Pending):  # map_fun is still reading what came before
+            reply: m.Message = m.Pending()
+            while isinstance(reply, m.Pending):  # Pending: map_fun is still reading what came before
                 reply = m.recv_message(link.conn, m.Ack, m.Terminate, m.Reject, m.Pending)
             if isinstance(reply, m.Reject):  # e.g. a replay of a feed the node no longer remembers
                 raise FeedError(f"node {link.target.name}: {reply.reason}")

@@ -291,7 +291,7 @@ def _pack_sequences(values: Sequence[Any], name: str | int, scratch: Scratch | N
     if code is None or probe.size == 0:
         return None
     need = len(values) * probe.size * probe.itemsize
-    out = scratch.buffer(name, need) if scratch is not None else np.empty(need, np.uint8)
+    out = _out(scratch, name, need)
     if native is None or probe.ndim != 1 or not native.pack_column(out, values, None, 0, -1, probe.size, code):
         rows = _innermost_rows(values, probe.shape)  # the pure-Python packer decides
         if rows is None:
