@@ -4,6 +4,7 @@ Two places patch a module that a program may import only later: the TF port hand
 (:mod:`tfonspark.tfprocess.server` hooks TF's server starts) and the TFoS face's ``lr=`` for
 tf_keras optimizers (:mod:`tfonspark._tfos_keras`). An :class:`AfterImport` in ``sys.meta_path``
 finds the module with the other finders, lets its own loader run it, then calls ``patch``.
+TensorFlow's first import in a TF process also runs inside ``around`` (:mod:`tfonspark.gcpause`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import importlib.abc
 import sys
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
@@ -20,11 +22,18 @@ __all__ = ["AfterImport"]
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``patch(module)`` right after any module named in ``names`` is first executed."""
+    """Calls ``patch(module)`` right after any module named in ``names`` is first executed
+    (inside ``around()``, if given)."""
 
-    def __init__(self, names: Collection[str], patch: Callable[[ModuleType], None]) -> None:
+    def __init__(
+        self,
+        names: Collection[str],
+        patch: Callable[[ModuleType], None],
+        around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
         self.names = names
         self.patch = patch
+        self.around = around
 
     def install(self) -> None:
         """First in ``sys.meta_path`` (once)."""
@@ -47,17 +56,20 @@ class AfterImport(importlib.abc.MetaPathFinder):
             spec: ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, self.patch)
+                    spec.loader = _PatchingLoader(spec.loader, self.patch, self.around)
                 return spec
         return None
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """A module's own loader, then the patch on the module it made."""
+    """A module's own loader (inside ``around()``), then the patch on the module it made."""
 
-    def __init__(self, loader: Any, patch: Callable[[ModuleType], None]) -> None:
+    def __init__(
+        self, loader: Any, patch: Callable[[ModuleType], None], around: Callable[[], AbstractContextManager[object]]
+    ) -> None:
         self._loader = loader
         self._patch = patch
+        self._around = around
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self._loader.create_module(spec)
@@ -67,7 +79,8 @@ class _PatchingLoader(importlib.abc.Loader):
         module.__loader__ = self._loader  # the module keeps its real loader (get_source, resources)
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
+        with self._around():
+            self._loader.exec_module(module)
         self._patch(module)
 
     def __getattr__(self, name: str) -> Any:

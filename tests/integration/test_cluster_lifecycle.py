@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -37,6 +38,7 @@ def _describe_node(args, ctx):
         "resolved": resolver.cluster_spec().as_dict(),
         "resolved_task": [resolver.task_type, resolver.task_id],
         "pid": os.getpid(),
+        "gc": [gc.isenabled(), gc.get_freeze_count()],
     }
     with open(os.path.join(args, f"{ctx.job_name}{ctx.task_index}.json"), "w") as f:
         json.dump(info, f)
@@ -56,6 +58,8 @@ def test_roles_context_and_tf_config(sc, tmp_path, no_leftovers):
         assert node["resolved_task"] == ["worker", node["task_index"]]
         assert node["abs"].startswith("file://") and node["abs"].endswith("/model")
     assert {n["executor_id"] for n in nodes.values()} == {0, 1}
+    for node in nodes.values():  # TF was imported with the GC paused, then frozen (tfonspark.gcpause)
+        assert node["gc"][0] is True and node["gc"][1] > 100_000, node["gc"]
 
 
 def test_driver_ps_nodes_with_chief(sc, tmp_path, no_leftovers):

@@ -8,7 +8,6 @@ partitions arrive as Arrow record batches (``mapInArrow``) and never become Pyth
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import pickle
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FeedError, FeedTimeout, InputError, ProtocolError
+from ..gcpause import paused
 from ..host import executor_key
 from ..wire import messages as m
 from ..wire.arrow import arrow_to_columns, columns_to_arrow
@@ -143,7 +143,7 @@ class Feeder:
         # PySpark may hand a partition as a re-iterable (a ``range`` from ``parallelize``, the
         # list a user's ``mapPartitions`` returned): islice on it would restart at row 0 forever
         rows = iter(rows)
-        with _gc_paused():
+        with paused():
             first = list(itertools.islice(rows, 16))
             if not first:
                 return
@@ -363,7 +363,9 @@ def _frames(partition: int, rows: Iterator[Any], first_row: int, size: int, fram
     """``rows`` packed in chunks of ``size`` rows, joined into batches of ``frame_rows`` rows."""
     frames = _Frames(partition, frame_rows, size)
     while True:
-        with _gc_paused():
+        # live row tuples would be traversed and promoted by every collection meanwhile (~1 us a
+        # tabular row, a quarter of the feed); they hold no cycles and die right after packing
+        with paused():
             chunk = list(itertools.islice(rows, size))
             done = not chunk
             ready = frames.flush() if done else frames.add(chunk, first_row)
@@ -500,24 +502,6 @@ def _python_values(row: Any) -> int:
     if isinstance(row, (list, tuple)):
         return 1 + sum(map(_python_values, row))
     return 0 if isinstance(row, np.ndarray) else 1
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold off the cyclic GC while a chunk of rows is alive.
-
-    Tens of thousands of live row tuples make every collection that runs meanwhile traverse
-    them (and promote them, so full collections follow): ~1 us per tabular row, a quarter of
-    the feed's cost. The rows hold no cycles and are freed by reference counting right after
-    packing, so nothing accumulates; the previous GC state is restored.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _arrow_batches(partition: int, batches: Iterator[Any]) -> Iterator[ColumnBatch]:
