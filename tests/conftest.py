@@ -13,6 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 # while collecting tests must not switch the whole session, and the nodes it starts, to Keras 2
 # (tfonspark._tfos_keras respects a value the environment already sets).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
+# Every Spark JVM the tests start, here or in a subprocess (examples, TFoS programs, benchmarks),
+# compiles with C1 only: see tests/spark-conf/spark-defaults.conf. A user's own settings win.
+os.environ.setdefault("SPARK_CONF_DIR", str(REPO / "tests" / "spark-conf"))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")  # standalone master, workers
 DATA_ROOT = Path(os.environ.get("TFONSPARK_TEST_DATA", REPO.parent / "shared" / "data"))
 
 
