@@ -414,6 +414,27 @@ def test_terminate_releases_a_feeder_that_waits_for_map_fun_to_read(make_server)
     assert waiting.get(5) == 2  # told to stop: the rows it sent are counted, nothing raised
 
 
+def test_a_waiting_feeder_is_told_terminate_even_if_its_stream_closes_first(make_server, monkeypatch):
+    """terminate() looks up the open streams, aborts the queues, then tells those streams; a
+    stream whose wait the abort ended may close its connection in between (a busy host): its
+    own thread tells the feeder first, so the feeder stops cleanly instead of failing."""
+    from tfonspark.tfprocess import feedserver
+
+    abort = feedserver.ByteQueue.abort
+
+    def abort_then_stall(self) -> None:
+        abort(self)
+        time.sleep(0.5)  # the waiting stream's thread returns and closes meanwhile
+
+    monkeypatch.setattr(feedserver.ByteQueue, "abort", abort_then_stall)
+    server = make_server()
+    train(feeder_for(server), 0, [1])
+    waiting = Bg(train, feeder_for(server), 1, [2, 3])
+    assert wait_until(lambda: server.queue("input").partitions == 2)
+    DataFeed(server).terminate()
+    assert waiting.get(5) == 2
+
+
 def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, monkeypatch):
     monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)

@@ -536,8 +536,9 @@ class FeedServer:
                 staging.staged = 0
                 if self.ahead is not None:
                     self._pace(stream, queue, self.ahead)
-                if self.terminated:
-                    return False  # the feeder was told Terminate while this waited
+                if self.terminated:  # terminate() came while this waited: the feeder stops
+                    self._tell_terminated(stream)
+                    return False
             m.send_message(stream.conn, m.Ack(count))
             return False
         finally:
@@ -640,6 +641,17 @@ class FeedServer:
         if not self.terminated:
             self.on_event(ev.FeedTerminated())
         self._stop_taking()
+
+    @staticmethod
+    def _tell_terminated(stream: Stream) -> None:
+        """Terminate, sent from the stream's own thread before it closes the connection.
+
+        ``_stop_taking`` sends it too, but only to streams not yet closed when it looked: this
+        thread may have closed the connection in between, and the feeder would then see it
+        closed, not told to stop. The feeder reads one Terminate and closes; a second is unread.
+        """
+        with contextlib.suppress(OSError):
+            m.send_message(stream.conn, m.Terminate())
 
     def _stop_taking(self) -> None:
         self.terminated = True
