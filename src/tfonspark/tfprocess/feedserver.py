@@ -536,8 +536,9 @@ class FeedServer:
                 staging.staged = 0
                 if self.ahead is not None:
                     self._pace(stream, queue, self.ahead)
-                if self.terminated:  # terminate() came while this waited: the feeder stops
-                    self._tell_terminated(stream)
+                if self.terminated:  # terminate() came while this waited: tell the feeder from
+                    # here too, as _stop_taking may find this stream already closed by then
+                    self._send_terminate(stream)
                     return False
             m.send_message(stream.conn, m.Ack(count))
             return False
@@ -643,13 +644,9 @@ class FeedServer:
         self._stop_taking()
 
     @staticmethod
-    def _tell_terminated(stream: Stream) -> None:
-        """Terminate, sent from the stream's own thread before it closes the connection.
-
-        ``_stop_taking`` sends it too, but only to streams not yet closed when it looked: this
-        thread may have closed the connection in between, and the feeder would then see it
-        closed, not told to stop. The feeder reads one Terminate and closes; a second is unread.
-        """
+    def _send_terminate(stream: Stream) -> None:
+        """Tell the stream's feeder to stop; one already gone is no error. The feeder reads one
+        Terminate and closes: a second, from another thread, goes unread."""
         with contextlib.suppress(OSError):
             m.send_message(stream.conn, m.Terminate())
 
@@ -661,8 +658,7 @@ class FeedServer:
         for q in queues:
             q.abort()
         for stream in streams:
-            with contextlib.suppress(OSError):
-                m.send_message(stream.conn, m.Terminate())
+            self._send_terminate(stream)
 
     def close(self) -> None:
         """Stop taking data and close every connection; remove the Unix socket's directory."""
