@@ -2,6 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# the unit tests (no JVM, CPU-bound, 4.5 min in one process on 2 cores) run in this many
+# processes; the integration and acceptance tests, whose Spark and TF processes take the cores
+# anyway and some of which time failures, run in one after them
+UNIT_WORKERS ?= 2
 LINT_DIRS := $(wildcard src tests examples benchmarks)
 
 .PHONY: demo test unit integration lint typecheck bench clean
@@ -16,10 +20,11 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check $(LINT_DIRS)
 	$(PY) -m ruff format --check $(LINT_DIRS)
 	$(PY) -m mypy src
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)
 
 unit: $(VENV)/.installed
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 integration: $(VENV)/.installed
 	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)

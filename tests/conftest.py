@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,15 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
 # compiles with C1 only: see tests/spark-conf/spark-defaults.conf. A user's own settings win.
 os.environ.setdefault("SPARK_CONF_DIR", str(REPO / "tests" / "spark-conf"))
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")  # standalone master, workers
+# Under pytest-xdist (make test runs the unit tests in 2 processes) each worker has its own temp
+# dir: tests that check what they leave there (feed sockets, scratch dirs) see only their own.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _XDIST_WORKER:
+    _WORKER_TMP = Path(tempfile.gettempdir()) / f"tfonspark-tests-{_XDIST_WORKER}"
+    shutil.rmtree(_WORKER_TMP, ignore_errors=True)
+    _WORKER_TMP.mkdir()
+    os.environ["TMPDIR"] = str(_WORKER_TMP)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 DATA_ROOT = Path(os.environ.get("TFONSPARK_TEST_DATA", REPO.parent / "shared" / "data"))
 
 
