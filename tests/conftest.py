@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import spark_jvm
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The pytest process drives core (Keras 3) and TFoS-face programs alike: a face module imported
 # while collecting tests must not switch the whole session, and the nodes it starts, to Keras 2
 # (tfonspark._tfos_keras respects a value the environment already sets).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
-# Every Spark JVM the tests start, here or in a subprocess (examples, TFoS programs, benchmarks),
-# compiles with C1 only: see tests/spark-conf/spark-defaults.conf. A user's own settings win.
-os.environ.setdefault("SPARK_CONF_DIR", str(REPO / "tests" / "spark-conf"))
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")  # standalone master, workers
 # Under pytest-xdist (make test runs the unit tests in 2 processes) each worker has its own temp
 # dir: tests that check what they leave there (feed sockets, scratch dirs) see only their own.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -105,3 +103,12 @@ def pytest_collection_modifyitems(items):
         return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
 
     items.sort(key=kind)
+
+
+def pytest_collection_finish(session):
+    """Every Spark JVM the tests start, here or in a subprocess (examples, TFoS programs,
+    benchmarks), gets :mod:`tests.spark_jvm`'s options: C1 only, and Spark's classes from a CDS
+    archive, written once per Java and pyspark version. Unit tests start no JVM. Under xdist
+    only the controller writes the archive; workers use it where it exists."""
+    if any(Path(item.path).parent.name != "unit" for item in session.items):
+        spark_jvm.configure(os.environ, build=not os.environ.get("PYTEST_XDIST_WORKER"))
