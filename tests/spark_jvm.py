@@ -93,10 +93,11 @@ def build_archives(home: Path) -> dict[str, Path] | None:
     try:
         job.communicate(timeout=_BUILD_SECS)
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)  # and a half-written archive is not kept
         job.communicate()
-    if found := _existing(home):
-        return found
+    else:
+        if found := _existing(home):
+            return found
     for archive in archives.values():
         archive.unlink(missing_ok=True)
     return None
