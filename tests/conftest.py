@@ -109,6 +109,7 @@ def pytest_collection_finish(session):
     """Every Spark JVM the tests start, here or in a subprocess (examples, TFoS programs,
     benchmarks), gets :mod:`tests.spark_jvm`'s options: C1 only, and Spark's classes from a CDS
     archive, written once per Java and pyspark version. Unit tests start no JVM. Under xdist
-    only the controller writes the archive; workers use it where it exists."""
+    (whose controller collects nothing) workers only use archives that exist: several would
+    write the same files."""
     if any(Path(item.path).parent.name != "unit" for item in session.items):
-        spark_jvm.configure(os.environ, build=not os.environ.get("PYTEST_XDIST_WORKER"))
+        spark_jvm.configure(os.environ, build=not _XDIST_WORKER)

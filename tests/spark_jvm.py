@@ -68,18 +68,21 @@ def _env(home: Path, properties: Path) -> dict[str, str]:
     return {"SPARK_CONF_DIR": str(empty), "PYSPARK_SUBMIT_ARGS": f"--properties-file {properties} pyspark-shell"}
 
 
+def _archives(home: Path) -> dict[str, Path]:
+    return {role: home / f"{role}.jsa" for role in _ROLES}
+
+
 def _existing(home: Path) -> dict[str, Path] | None:
-    archives = {role: home / f"{role}.jsa" for role in _ROLES}
+    archives = _archives(home)
     return archives if all(a.exists() for a in archives.values()) else None
 
 
 def build_archives(home: Path) -> dict[str, Path] | None:
-    """The driver's and executor's archives under ``home``, written by a small job if missing;
+    """The driver's and executor's archives in the directory ``home``, written by a small job if missing;
     None where that failed (the tests then run without them)."""
     if found := _existing(home):
         return found
-    archives = {role: home / f"{role}.jsa" for role in _ROLES}
-    home.mkdir(parents=True, exist_ok=True)
+    archives = _archives(home)
     dump = {role: f"-XX:ArchiveClassesAtExit={archives[role]} {_QUIET}" for role in _ROLES}
     env = dict(os.environ, **_env(home, _properties(home / "dump.conf", dump)))
     # its JVMs inherit the pipe: EOF means they have exited, having written their archives
