@@ -130,7 +130,7 @@ class StandaloneCluster:
                     alive = int(json.load(r).get("aliveworkers", 0))
                 if alive >= self.workers:
                     return
-            except OSError:
+            except (OSError, ValueError):  # not up yet, or its JSON page not yet (HTML comes first)
                 pass
             time.sleep(0.5)
         self.stop()
