@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 # while collecting tests must not switch the whole session, and the nodes it starts, to Keras 2
 # (tfonspark._tfos_keras respects a value the environment already sets).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
-# Under pytest-xdist (make test runs the unit tests in 2 processes) each worker has its own temp
+# Under pytest-xdist (make test runs the tests in 2 processes) each worker has its own temp
 # dir: tests that check what they leave there (feed sockets, scratch dirs) see only their own.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _XDIST_WORKER:
@@ -96,20 +96,24 @@ _KIND_ORDER = {"sc": 1, "spark": 1, "sc_local": 2, "standalone": 3}
 
 
 def pytest_collection_modifyitems(items):
-    """Group tests by the Spark master they need, so each kind of cluster starts once."""
+    """Group tests by the Spark master they need, so each kind of cluster starts once. Under
+    xdist (``make test``), whose workers take whole files in this order, the unit tests' many
+    short files come last: they fill the end, while the last long integration file runs."""
 
     def kind(item):
         names = getattr(item, "fixturenames", ())
         return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
 
-    items.sort(key=kind)
+    def unit_last(item):
+        return _XDIST_WORKER is not None and Path(item.path).parent.name == "unit"
+
+    items.sort(key=lambda item: (unit_last(item), kind(item)))
 
 
 def pytest_collection_finish(session):
     """Every Spark JVM the tests start, here or in a subprocess (examples, TFoS programs,
     benchmarks), gets :mod:`tests.spark_jvm`'s options: C1 only, and Spark's classes from a CDS
-    archive, written once per Java and pyspark version. Unit tests start no JVM. Under xdist
-    (whose controller collects nothing) workers only use archives that exist: several would
-    write the same files."""
+    archive, written once per Java and pyspark version (under xdist by the first worker, while
+    the other waits for it). Unit tests start no JVM."""
     if any(Path(item.path).parent.name != "unit" for item in session.items):
-        spark_jvm.configure(os.environ, build=not _XDIST_WORKER)
+        spark_jvm.configure(os.environ)

@@ -19,6 +19,7 @@ A user's own ``SPARK_CONF_DIR`` or ``PYSPARK_SUBMIT_ARGS`` wins: nothing is set 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import signal
@@ -57,8 +58,11 @@ def _key() -> str:
 
 
 def _properties(path: Path, role_options: dict[str, str]) -> Path:
+    """Written whole or not at all: another test process may be starting a JVM that reads it."""
     lines = [f"spark.{role}.extraJavaOptions  {C1_ONLY} {opts}\n" for role, opts in role_options.items()]
-    path.write_text("".join(lines))
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text("".join(lines))
+    partial.replace(path)
     return path
 
 
@@ -79,9 +83,14 @@ def _existing(home: Path) -> dict[str, Path] | None:
 
 def build_archives(home: Path) -> dict[str, Path] | None:
     """The driver's and executor's archives in the directory ``home``, written by a small job if missing;
-    None where that failed (the tests then run without them)."""
-    if found := _existing(home):
-        return found
+    None where that failed (the tests then run without them). One process writes them: others
+    (pytest-xdist's workers) wait for it, then use what it wrote."""
+    with open(home / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        return _existing(home) or _build(home)
+
+
+def _build(home: Path) -> dict[str, Path] | None:
     archives = _archives(home)
     dump = {role: f"-XX:ArchiveClassesAtExit={archives[role]} {_QUIET}" for role in _ROLES}
     env = dict(os.environ, **_env(home, _properties(home / "dump.conf", dump)))
@@ -106,7 +115,7 @@ def build_archives(home: Path) -> dict[str, Path] | None:
     return None
 
 
-def configure(environ: os._Environ[str], build: bool) -> None:
+def configure(environ: os._Environ[str], build: bool = True) -> None:
     """Set the tests' JVM options in ``environ``: C1 only, and the CDS archives (written here
     first when ``build`` and missing; used only where both exist). A user's own settings win."""
     if "SPARK_CONF_DIR" in environ or "PYSPARK_SUBMIT_ARGS" in environ:
