@@ -104,10 +104,12 @@ def pytest_collection_modifyitems(items):
         names = getattr(item, "fixturenames", ())
         return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
 
-    def unit_last(item):
-        return _XDIST_WORKER is not None and Path(item.path).parent.name == "unit"
+    items.sort(key=lambda item: (_XDIST_WORKER is not None and _is_unit(item), kind(item)))
 
-    items.sort(key=lambda item: (unit_last(item), kind(item)))
+
+def _is_unit(item) -> bool:
+    """A test of ``tests/unit`` (they start no JVM)."""
+    return Path(item.path).parent.name == "unit"
 
 
 def pytest_collection_finish(session):
@@ -115,5 +117,5 @@ def pytest_collection_finish(session):
     benchmarks), gets :mod:`tests.spark_jvm`'s options: C1 only, and Spark's classes from a CDS
     archive, written once per Java and pyspark version (under xdist by the first worker, while
     the other waits for it). Unit tests start no JVM."""
-    if any(Path(item.path).parent.name != "unit" for item in session.items):
+    if not all(_is_unit(item) for item in session.items):
         spark_jvm.configure(os.environ)

@@ -115,15 +115,15 @@ def _build(home: Path) -> dict[str, Path] | None:
     return None
 
 
-def configure(environ: os._Environ[str], build: bool = True) -> None:
+def configure(environ: os._Environ[str]) -> None:
     """Set the tests' JVM options in ``environ``: C1 only, and the CDS archives (written here
-    first when ``build`` and missing; used only where both exist). A user's own settings win."""
+    first where missing; used only where both exist). A user's own settings win."""
     if "SPARK_CONF_DIR" in environ or "PYSPARK_SUBMIT_ARGS" in environ:
         return
     environ.setdefault("SPARK_DAEMON_JAVA_OPTS", C1_ONLY)  # standalone master, workers
     home = REPO / "build" / "spark-jvm" / _key()
     home.mkdir(parents=True, exist_ok=True)
-    archives = build_archives(home) if build else _existing(home)
+    archives = build_archives(home)
     if archives:
         options = {role: f"-XX:SharedArchiveFile={archives[role]} {_QUIET}" for role in _ROLES}
         properties = _properties(home / "cds.conf", options)
