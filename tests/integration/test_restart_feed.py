@@ -18,13 +18,30 @@ ROWS, PARTITIONS, EPOCHS = 3000, 6, 4
 
 
 def _read_and_die(args, ctx):
-    """Read the feed; on the first attempt worker 1 is SIGKILLed halfway through its second epoch."""
+    """Read the feed; on the first attempt worker 1 is SIGKILLed in its second epoch.
+
+    Not at a row count: feed tasks go to whichever node is free, so how many rows an epoch
+    brings each node depends on their relative speed (another test beside this one changes it).
+    Each node notes the epoch marks it reads (a file per mark); worker 1 dies once it has read
+    epoch 0's mark and a row after it, and worker 0 has read epoch 0's mark too, before it reads
+    epoch 1's: the first epoch some node had not read through is then epoch 1, by construction.
+    """
     import signal
+    import time
 
     import numpy as np
 
-    share = ROWS // 2  # partition p goes to node p % 2: each node reads half of every epoch
     feed = ctx.get_data_feed(train_mode=True)
+    marks: list[int] = []
+    report = feed.server.on_event
+
+    def note_marks(event):
+        report(event)  # first: the driver has it before the file says so
+        if type(event).__name__ == "EpochRead":
+            marks.append(event.epoch)
+            open(os.path.join(args, f"mark-{ctx.attempt}-{ctx.task_index}-{event.epoch}"), "w").close()
+
+    feed.server.on_event = note_marks
     rows, label_sum = 0, 0
     while not feed.should_stop():
         batch = feed.next_columns(100)
@@ -32,10 +49,12 @@ def _read_and_die(args, ctx):
             break
         rows += batch.count
         label_sum += int(np.asarray(batch.columns[-1]).sum())
-        # both read at one speed: feed tasks keep pace with each node's reading, so a slower
-        # worker 1 would be fed fewer partitions an epoch and reach share * 3 // 2 rows later
-        # than halfway through its second epoch
-        if ctx.attempt == 0 and ctx.task_index == 1 and rows >= share * 3 // 2:
+        if ctx.attempt == 0 and ctx.task_index == 1 and marks == [0]:
+            worker0_read = os.path.join(args, "mark-0-0-0")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(worker0_read) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # worker 0's mark travels to the driver on its own channel
             os.kill(os.getpid(), signal.SIGKILL)
     with open(os.path.join(args, f"rows-{ctx.attempt}-{ctx.task_index}.json"), "w") as f:
         json.dump({"rows": rows, "label_sum": label_sum}, f)
