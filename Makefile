@@ -2,9 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# the unit tests run in this many processes; the integration tests in one after them: side by
-# side (pytest tests -n 2) the suite ran 0.77-0.95x as long, but test_restart_feed's timing
-# failed once in four runs (its two nodes must read at one speed)
+# the tests run in this many processes, whole files each (pytest-xdist): one integration test
+# alone keeps the 2 cores a third idle (waits on Spark, sockets, timeouts), which another file
+# fills; the unit tests (no JVM, CPU-bound) come last, short files that fill the end.
+TEST_WORKERS ?= 2
 UNIT_WORKERS ?= 2
 LINT_DIRS := $(wildcard src tests examples benchmarks)
 
@@ -20,8 +21,7 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check $(LINT_DIRS)
 	$(PY) -m ruff format --check $(LINT_DIRS)
 	$(PY) -m mypy src
-	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
