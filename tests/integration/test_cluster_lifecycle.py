@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import time
 import urllib.request
 
@@ -39,6 +40,8 @@ def _describe_node(args, ctx):
         "resolved_task": [resolver.task_type, resolver.task_id],
         "pid": os.getpid(),
         "gc": [gc.isenabled(), gc.get_freeze_count()],
+        "deferred": {name: type(sys.modules.get(name)).__name__ for name in ("keras.wrappers", "matplotlib.pyplot")},
+        "sklearn": "sklearn" in sys.modules,
     }
     with open(os.path.join(args, f"{ctx.job_name}{ctx.task_index}.json"), "w") as f:
         json.dump(info, f)
@@ -58,8 +61,11 @@ def test_roles_context_and_tf_config(sc, tmp_path, no_leftovers):
         assert node["resolved_task"] == ["worker", node["task_index"]]
         assert node["abs"].startswith("file://") and node["abs"].endswith("/model")
     assert {n["executor_id"] for n in nodes.values()} == {0, 1}
-    for node in nodes.values():  # TF was imported with the GC paused, then frozen (tfonspark.gcpause)
+    for node in nodes.values():  # TF was imported with the GC paused, then frozen (tfonspark.tfimport)
         assert node["gc"][0] is True and node["gc"][1] > 100_000, node["gc"]
+        # ... and Keras's optional integrations, installed here for the demo, were deferred
+        assert node["deferred"] == {"keras.wrappers": "_DeferredModule", "matplotlib.pyplot": "_DeferredModule"}
+        assert node["sklearn"] is False
 
 
 def test_driver_ps_nodes_with_chief(sc, tmp_path, no_leftovers):

@@ -78,8 +78,8 @@ log = logging.getLogger(__name__)
 #: its bootstrap. EOF instead of that line: discarded.
 SPARE_CODE = """\
 import json, os, runpy, sys
-import tfonspark.gcpause
-tfonspark.gcpause.freeze_tensorflow_on_import()
+import tfonspark.tfimport
+tfonspark.tfimport.prepare_tensorflow_import()
 import tensorflow
 import tfonspark.tfprocess.context, tfonspark.tfprocess.feedserver, tfonspark.tfprocess.hints  # what the entry imports
 from pyspark import cloudpickle

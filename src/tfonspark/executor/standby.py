@@ -41,8 +41,8 @@ _PROBE_SECS = 0.05  # between tries, and between connection attempts to a restar
 #: (the entry's own clean-up starts only after the bootstrap) and exits.
 WARM_CODE = """\
 import os, runpy
-import tfonspark.gcpause
-tfonspark.gcpause.freeze_tensorflow_on_import()
+import tfonspark.tfimport
+tfonspark.tfimport.prepare_tensorflow_import()
 import tensorflow
 try:
     runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
-from ..gcpause import freeze_tensorflow_on_import
 from ..host import bind_address, remove_scratch
+from ..tfimport import prepare_tensorflow_import
 from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.bootstrap import read_bootstrap
@@ -166,7 +166,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
 
 
 def main() -> None:
-    freeze_tensorflow_on_import()  # map_fun's (or its unpickling's) first ``import tensorflow``
+    prepare_tensorflow_import()  # map_fun's (or its unpickling's) first ``import tensorflow``
     _State.own_group = os.getpgrp() == os.getpid()  # the supervisor starts us in a new session
     header, payload = read_bootstrap(sys.stdin.buffer)
     threading.Thread(target=_watch_parent, args=(sys.stdin.buffer,), daemon=True).start()
