@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..tfimport import importing_tensorflow
 from ..wire.arrow import arrow_to_columns
 from .model_cache import ModelCache
 from .savedmodel import (
@@ -544,14 +545,16 @@ def _frozen_after(load: Callable[[], T]) -> T:
     a TFModel worker's CPU (0.8 us a row of a 1,000,000-row, 4-partition pass). Frozen objects
     are never collected, so each load first unfreezes (a model the cache dropped since becomes
     collectable again) and collects once after loading; objects made later are collected as
-    usual. Outside a Spark task (a test, the driver) nothing is frozen.
+    usual. Outside a Spark task (a test, the driver) nothing is frozen. In a task, the load,
+    TensorFlow's import in that worker included, runs as a TF process's (:mod:`tfonspark.tfimport`).
     """
     from pyspark import TaskContext
 
     if TaskContext.get() is None:
         return load()
     gc.unfreeze()
-    value = load()
+    with importing_tensorflow():
+        value = load()
     gc.collect()
     gc.freeze()
     return value
