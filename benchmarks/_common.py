@@ -327,7 +327,8 @@ def _kind(proc: Any) -> str:
 
 
 def tree_cpu() -> dict[int, tuple[str, float]] | None:
-    """CPU seconds (user + system) so far of this process and each descendant, by pid.
+    """CPU seconds (user + system) so far of this process and each descendant, by pid (system
+    time apart, under the negated pid, with ``TFOS_BENCH_CPU_DETAIL=sys``).
 
     That is the driver, its JVM, the executor JVMs, Python workers, supervisors and TF
     processes: a cost that, unlike wall time, hardly depends on what else the machine runs.
@@ -340,8 +341,11 @@ def tree_cpu() -> dict[int, tuple[str, float]] | None:
     out = {}
     for proc in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
-            times = proc.cpu_times()
-            out[proc.pid] = (_kind(proc), times.user + times.system)
+            times, kind = proc.cpu_times(), _kind(proc)
+            if os.environ.get("TFOS_BENCH_CPU_DETAIL") == "sys":  # system time apart: "<kind> sys"
+                out[proc.pid], out[-proc.pid] = (kind, times.user), (f"{kind} sys", times.system)
+            else:
+                out[proc.pid] = (kind, times.user + times.system)
     return out
 
 
