@@ -23,7 +23,37 @@ from typing import Any
 __all__ = ["AfterImport", "Deferred"]
 
 
-class AfterImport(importlib.abc.MetaPathFinder):
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds only the modules named in ``names``: the spec the other finders in ``sys.meta_path``
+    find, its loader wrapped by :meth:`wrap`."""
+
+    names: Collection[str]
+
+    def wrap(self, loader: Any) -> importlib.abc.Loader:
+        raise NotImplementedError
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: ModuleSpec | None = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = self.wrap(spec.loader)
+                return spec
+        return None
+
+
+class AfterImport(_Finder):
     """Calls ``patch(module)`` right after any module named in ``names`` is first executed
     (inside ``around()``, if given)."""
 
@@ -42,22 +72,11 @@ class AfterImport(importlib.abc.MetaPathFinder):
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
 
-    def remove(self) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname not in self.names:
-            return None
-        spec = _others_spec(self, fullname, path, target)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader, self.patch, self.around)
-        return spec
+    def wrap(self, loader: Any) -> importlib.abc.Loader:
+        return _PatchingLoader(loader, self.patch, self.around)
 
 
-class Deferred(importlib.abc.MetaPathFinder):
+class Deferred(_Finder):
     """While :meth:`active`, an import of a module named in ``names`` makes it lazy: the module
     object exists at once, its code runs when an attribute other than its import metadata is
     first read (:class:`_DeferredModule`).
@@ -77,18 +96,10 @@ class Deferred(importlib.abc.MetaPathFinder):
         try:
             yield
         finally:
-            with contextlib.suppress(ValueError):
-                sys.meta_path.remove(self)
+            self.remove()
 
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname not in self.names:
-            return None
-        spec = _others_spec(self, fullname, path, target)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _DeferringLoader(spec.loader)
-        return spec
+    def wrap(self, loader: Any) -> importlib.abc.Loader:
+        return _DeferringLoader(loader)
 
 
 #: what the import system and ``inspect`` read of a module without using it
@@ -156,20 +167,6 @@ class _DeferringLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
-
-
-def _others_spec(
-    me: importlib.abc.MetaPathFinder, fullname: str, path: Sequence[str] | None, target: ModuleType | None
-) -> ModuleSpec | None:
-    """The spec the other finders in ``sys.meta_path`` find for ``fullname``."""
-    for finder in list(sys.meta_path):
-        find = getattr(finder, "find_spec", None)
-        if finder is me or find is None:
-            continue
-        spec: ModuleSpec | None = find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
 
 
 class _PatchingLoader(importlib.abc.Loader):
