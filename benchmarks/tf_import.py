@@ -1,7 +1,7 @@
 """What ``import tensorflow`` costs a TF process, with and without tfonspark's import hook.
 
-    python benchmarks/tf_import.py              # 5 alternating pairs of fresh interpreters
-    python benchmarks/tf_import.py --pairs 8
+    python benchmarks/tf_import.py              # 5 rounds of fresh interpreters, one per variant
+    python benchmarks/tf_import.py --rounds 8
 
 Every TF process, standby, spare and TFModel worker imports TensorFlow once. tfonspark runs
 that first import through :func:`tfonspark.tfimport.prepare_tensorflow_import`: the cyclic GC
@@ -16,7 +16,7 @@ was loaded:
   the deferral);
 * ``hooked``: the same after ``prepare_tensorflow_import()``, as in a TF process.
 
-Variants alternate within each round (the order rotates); medians and the per-pair ratios are
+Variants alternate within each round (the order rotates); medians and the per-round ratios are
 printed. Which of scikit-learn and matplotlib this environment has decides the deferred part.
 """
 
@@ -65,21 +65,18 @@ def one_run(variant: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=5, help="rounds of one run of each variant (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of one run of each variant (default 5)")
     opts = parser.parse_args(argv)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    ratios = []
-    for pair in range(opts.pairs):
-        order = VARIANTS[pair % 3 :] + VARIANTS[: pair % 3]
-        for variant in order:
+    for r in range(opts.rounds):
+        for variant in VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]:
             run = one_run(variant)
             runs[variant].append(run)
             print(
-                f"pair {pair + 1} {variant:<6} cpu {run['cpu']:.2f}s wall {run['wall']:.2f}s "
+                f"round {r + 1} {variant:<6} cpu {run['cpu']:.2f}s wall {run['wall']:.2f}s "
                 f"sklearn loaded: {run['sklearn']}",
                 flush=True,
             )
-        ratios.append(tuple(runs["hooked"][-1]["cpu"] / runs[v][-1]["cpu"] for v in ("plain", "gc-only")))
     rows = [
         [
             variant,
@@ -89,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for variant in VARIANTS
     ]
-    print(f"\n## import tensorflow in a fresh interpreter ({opts.pairs} rounds; load average {c.load_average()})\n")
+    print(f"\n## import tensorflow in a fresh interpreter ({opts.rounds} rounds; load average {c.load_average()})\n")
     print(c.markdown_table(["variant", "CPU s (median)", "wall s (median)", "scikit-learn loaded"], rows))
     print()
-    for j, other in enumerate(("plain", "gc-only")):
-        each = [r[j] for r in ratios]
+    for other in ("plain", "gc-only"):
+        each = [h["cpu"] / o["cpu"] for h, o in zip(runs["hooked"], runs[other])]
         print(
             f"hooked / {other} CPU, per round: {', '.join(f'{r:.2f}' for r in each)}; median {statistics.median(each):.2f}x"
         )

@@ -192,10 +192,10 @@ def test_step_guard_benchmark_quick_run_prints_the_ratio(mnist_dir):
 def test_tf_import_benchmark_defers_kerass_extras_in_the_hooked_import():
     """tf_import.py imports real TensorFlow three ways; only the hooked import leaves scikit-learn out."""
     pytest.importorskip("sklearn")  # the [demo] extra; without it no import loads it
-    cmd = [sys.executable, str(REPO / "benchmarks" / "tf_import.py"), "--pairs", "1"]
+    cmd = [sys.executable, str(REPO / "benchmarks" / "tf_import.py"), "--rounds", "1"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = dict(re.findall(r"^pair 1 (\S+) .* sklearn loaded: (\w+)$", proc.stdout, re.M))
+    loaded = dict(re.findall(r"^round 1 (\S+) .* sklearn loaded: (\w+)$", proc.stdout, re.M))
     assert loaded == {"plain": "True", "gc-only": "True", "hooked": "False"}, proc.stdout
     assert "hooked / gc-only CPU" in proc.stdout
 
