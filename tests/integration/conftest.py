@@ -152,9 +152,16 @@ def run_driver(script: Path, *args: str, out: Path, timeout: float = 240.0) -> d
     fails the test with the tail of its log (next to ``out``), gRPC's noise left out.
     """
     log = out.with_name(f"{out.stem}-{script.stem}.log")
+    # a native crash (TF's coordinator threads) then prints every thread's Python stack into the log
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     with open(log, "w") as f:
         proc = subprocess.run(
-            [sys.executable, str(script), *args], stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            [sys.executable, str(script), *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+            env=env,
         )
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join(line for line in log.read_text().splitlines() if "GRPC" not in line)[-4000:]
