@@ -310,3 +310,50 @@ def test_results_of_one_received_frame_go_back_as_one_frame(monkeypatch):
     ]
     assert [type(r) for r in results[511:513]] == [float, int]
     assert answers == [512, 448, 40]  # 16 reads: one frame per kind of result
+
+
+def _feed_of_frames(*frames: list) -> DataFeed:
+    """A training feed of ``frames`` (lists of rows), each queued as one received batch."""
+    from tfonspark.tfprocess.feedserver import END_FEED
+    from tfonspark.tfprocess.localfeed import LocalFeeds
+    from tfonspark.wire.codec import pack_rows
+
+    feeds, stream = LocalFeeds(["input", "output"]), _Stream(True)
+    queue = feeds.queue("input")
+    for rows in frames:
+        batch = pack_rows(rows)
+        queue.put(stream, batch, batch.nbytes)
+    queue.put(stream, None)
+    queue.put(None, END_FEED)
+    return DataFeed(feeds)
+
+
+def _address(column: np.ndarray) -> int:
+    return column.__array_interface__["data"][0]
+
+
+def test_batches_joined_from_two_frames_reuse_memory_the_reader_dropped():
+    width = 1024  # 4 KB rows: a 150-row batch is large enough to be pooled
+    frames = [[(np.full(width, i, np.float32), i) for i in range(f * 100, (f + 1) * 100)] for f in range(6)]
+    feed = _feed_of_frames(*frames)
+    first = feed.next_columns(150)  # rows 0-149: frames 0 and 1, joined
+    held_address = _address(first.columns[0])
+    second = feed.next_columns(150)  # rows 150-299: frames 1 and 2, joined while the first is held
+    assert _address(second.columns[0]) != held_address
+    np.testing.assert_array_equal(first.columns[0][:, 0], np.arange(150, dtype=np.float32))
+    np.testing.assert_array_equal(second.columns[1], np.arange(150, 300))
+    del first
+    third = feed.next_columns(150)  # rows 300-449: joined into the memory the first one left
+    assert _address(third.columns[0]) == held_address
+    np.testing.assert_array_equal(third.columns[0][:, -1], np.arange(300, 450, dtype=np.float32))
+    np.testing.assert_array_equal(second.columns[1], np.arange(150, 300))  # untouched meanwhile
+    third.columns[0][0, 0] = -1.0  # a reader may write to what it was given
+    assert feed.next_columns(150).count == 150 and feed.next_columns(150) is None
+
+
+def test_joined_batches_keep_numpys_dtype_rules_and_refuse_another_shape():
+    small, wide = np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int64)
+    joined = _feed_of_frames([(small, 0)], [(wide, 1)]).next_columns(2)
+    assert joined.columns[0].dtype == np.int64 and joined.columns[0].tolist() == [[0, 1, 2]] * 2
+    with pytest.raises(InputError, match="column 0"):
+        _feed_of_frames([(np.zeros(4, np.float32), 0)], [(np.zeros(5, np.float32), 1)]).next_columns(2)

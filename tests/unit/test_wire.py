@@ -813,9 +813,20 @@ def test_new_buffer_is_a_bytearray_of_the_size_asked_with_or_without_the_c_part(
         buf.append(0)
         assert len(buf) == 12346
     if codec.native is not None:  # built: it does not zero-fill, and says so in its name
-        assert f.new_buffer is codec.native.empty_bytearray
+        assert f._make_bytearray is codec.native.empty_bytearray
         with pytest.raises(ValueError, match=">= 0"):
-            f.new_buffer(-1)
+            f.new_buffer(-2)
+
+
+def test_the_pools_unused_probe_never_moves_a_new_buffer():
+    buf = f.new_buffer(1 << 20)
+    address = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
+    assert f._unused(buf) and len(buf) == 1 << 20
+    assert np.frombuffer(buf, np.uint8).__array_interface__["data"][0] == address
+    view = memoryview(buf)
+    assert not f._unused(buf)
+    view.release()
+    assert f._unused(buf)
 
 
 def test_a_grown_frame_buffer_joins_the_pool_for_reuse(pair):

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import FeedError, InputError
 from ..wire.codec import ColumnBatch, pack_rows
 from ..wire.events import EpochRead
+from ..wire.framing import RecvBuffers
 from .feedserver import END_FEED, EpochMark, FeedServer, Stream
 from .localfeed import LocalFeeds
 
@@ -30,9 +31,14 @@ _DRAIN_BATCH = 16_384  # rows per read while draining
 #: most result rows held back to travel as one frame (see ``DataFeed.batch_results``)
 _MAX_HELD_RESULTS = 65_536
 _MAX_HELD_BYTES = 4 << 20  # as big as a feeder's frames
+#: memory for batches joined from two received frames, reused once the reader drops them: a
+#: fresh multi-MB array is page-faulted in at every read, a fifth of a TF process's CPU per
+#: fed MNIST row when most batches cross a frame boundary
+_JOIN_POOL_BYTES = 64 << 20
 
 
-def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
+def _concat(parts: list[ColumnBatch], pool: RecvBuffers | None = None) -> ColumnBatch:
+    """``parts`` as one batch; large numpy columns go into ``pool``'s reused memory."""
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
@@ -41,7 +47,7 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
         pieces = [p.columns[j] for p in parts]
         if isinstance(col, np.ndarray) and all(isinstance(p, np.ndarray) for p in pieces):
             try:
-                columns.append(np.concatenate(pieces))
+                columns.append(_joined(pieces, pool))
                 continue
             except ValueError:
                 raise InputError(
@@ -49,6 +55,19 @@ def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
                 ) from None
         columns.append([v for p in pieces for v in p])
     return ColumnBatch(columns, first.layout, first.names, first.kinds)
+
+
+def _joined(pieces: list[np.ndarray], pool: RecvBuffers | None) -> np.ndarray:
+    """``np.concatenate(pieces)``, written into a buffer of ``pool`` when it is large enough."""
+    rest = pieces[0].shape[1:]
+    dtype = np.result_type(*pieces)
+    count = sum(len(p) for p in pieces)
+    nbytes = count * dtype.itemsize * int(np.prod(rest))
+    if pool is None or dtype.hasobject or nbytes < pool.MIN_SIZE or any(p.shape[1:] != rest for p in pieces):
+        return np.concatenate(pieces)  # a shape mismatch raises ValueError here, as before
+    out = np.frombuffer(pool.take(nbytes), dtype=dtype).reshape(count, *rest)
+    np.concatenate(pieces, out=out)
+    return out
 
 
 def _feed_source(mgr: Any) -> FeedServer | LocalFeeds:
@@ -123,6 +142,7 @@ class DataFeed:
         self._last: tuple[Stream | None, int] = (None, 0)
         self._mid_frame = False  # the last read left rows of its received frame for the next
         self._lock = threading.Lock()  # held by every read (see the class docstring)
+        self._joins = RecvBuffers(_JOIN_POOL_BYTES)  # batches joined from two frames (``_concat``)
         self._held = _HeldResults()
 
     # ---- reading -------------------------------------------------------------------------
@@ -211,7 +231,7 @@ class DataFeed:
         self._mid_frame = self._pending is not None and self._pending[0] is stream
         if total:
             self.queue.reads += 1  # progress, which keeps paced feeders waiting (FeedServer._pace)
-        return _concat(parts) if parts else None
+        return _concat(parts, self._joins) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:
         """TFoS ``next_batch``: a list of up to ``batch_size`` rows, or a dict with ``input_mapping``.

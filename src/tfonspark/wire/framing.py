@@ -101,10 +101,20 @@ def _load_empty() -> Any:
     return empty_bytearray
 
 
-#: ``new_buffer(n)``: a bytearray of ``n`` bytes for a receive to fill. Its contents are not set
-#: where the optional C part is built: ``bytearray(n)`` zero-fills fresh memory first, a pass over
-#: every byte (and a page fault a page) that the receive then overwrites
-new_buffer: Any = _load_empty()
+_make_bytearray: Any = _load_empty()
+
+
+def new_buffer(size: int) -> bytearray:
+    """A bytearray of ``size`` bytes for a receive (or a join) to fill.
+
+    Its contents are not set where the optional C part is built: ``bytearray(n)`` zero-fills
+    fresh memory first, a pass over every byte (and a page fault a page) that the receive then
+    overwrites. It is allocated one byte longer, then shortened, so that :func:`_unused`'s probe
+    fits in place: else the probe's first append moves the whole buffer to fresh memory.
+    """
+    buf = _make_bytearray(size + 1)
+    buf.pop()
+    return buf  # type: ignore[no-any-return]
 
 
 def _recv_exact(
@@ -171,7 +181,8 @@ def _unused(buf: bytearray) -> bool:
 
 
 class RecvBuffers:
-    """Receive buffers for large frames, reused once nothing refers to them.
+    """Buffers for large frames, reused once nothing refers to them (also where ``DataFeed``
+    joins a batch that spans two received frames).
 
     Decoded batches are numpy views of the received frame, so a frame's memory can be reused
     only after the consumer has dropped every view of it: :func:`_unused` checks exactly that.
