@@ -12,6 +12,7 @@ whole from one read and every row goes to exactly one reader.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -62,7 +63,7 @@ def _joined(pieces: list[np.ndarray], pool: RecvBuffers | None) -> np.ndarray:
     rest = pieces[0].shape[1:]
     dtype = np.result_type(*pieces)
     count = sum(len(p) for p in pieces)
-    nbytes = count * dtype.itemsize * int(np.prod(rest))
+    nbytes = count * dtype.itemsize * math.prod(rest)
     if pool is None or dtype.hasobject or nbytes < pool.MIN_SIZE or any(p.shape[1:] != rest for p in pieces):
         return np.concatenate(pieces)  # a shape mismatch raises ValueError here, as before
     out = np.frombuffer(pool.take(nbytes), dtype=dtype).reshape(count, *rest)
