@@ -169,8 +169,9 @@ def _send_by(sock: socket.socket, data: bytes, deadline: float) -> None:
 def _unused(buf: bytearray) -> bool:
     """True when no memoryview (so no numpy array made from one) of ``buf`` is alive.
 
-    A bytearray cannot be resized while a view exports it; after the first call the append
-    fits in its spare capacity, so the probe costs no copy.
+    A bytearray cannot be resized while a view exports it. The append fits in the spare byte
+    :func:`new_buffer` leaves (any other buffer gets spare room at its first probe), so the
+    probe costs no copy.
     """
     try:
         buf.append(0)
