@@ -112,6 +112,8 @@ def new_buffer(size: int) -> bytearray:
     overwrites. It is allocated one byte longer, then shortened, so that :func:`_unused`'s probe
     fits in place: else the probe's first append moves the whole buffer to fresh memory.
     """
+    if size < 0:  # else size + 1 would make an empty buffer that pop() cannot shorten
+        raise ValueError(f"new_buffer: size must be >= 0. Received: {size}")
     buf = _make_bytearray(size + 1)
     buf.pop()
     return buf  # type: ignore[no-any-return]
