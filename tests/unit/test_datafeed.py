@@ -172,21 +172,28 @@ class _Stream:
         pass
 
 
-def _feed_with_empty_batches(train: bool) -> tuple[DataFeed, _Stream]:
-    """5 rows as [2 rows, 0 rows, 3 rows, 0 rows], then the end of the feed: the 0-row batches
-    are what a 0-row Arrow batch of a DataFrame partition becomes."""
+def _queued_feed(batches: list, train: bool) -> tuple[DataFeed, _Stream]:
+    """A feed of ``batches``, each queued as one received frame of one partition, then the end
+    of the feed."""
     from tfonspark.tfprocess.feedserver import END_FEED
     from tfonspark.tfprocess.localfeed import LocalFeeds
-    from tfonspark.wire.codec import pack_rows
 
     feeds, stream = LocalFeeds(["input", "output"]), _Stream(train)
-    rows = pack_rows([(np.full(3, i, np.float32), i) for i in range(5)])
     queue = feeds.queue("input")
-    for batch in (rows.slice(0, 2), rows.slice(0, 0), rows.slice(2, 5), rows.slice(5, 5)):
+    for batch in batches:
         queue.put(stream, batch, batch.nbytes)
     queue.put(stream, None)  # the partition's end
     queue.put(None, END_FEED)
     return DataFeed(feeds, train_mode=train), stream
+
+
+def _feed_with_empty_batches(train: bool) -> tuple[DataFeed, _Stream]:
+    """5 rows as [2 rows, 0 rows, 3 rows, 0 rows], then the end of the feed: the 0-row batches
+    are what a 0-row Arrow batch of a DataFrame partition becomes."""
+    from tfonspark.wire.codec import pack_rows
+
+    rows = pack_rows([(np.full(3, i, np.float32), i) for i in range(5)])
+    return _queued_feed([rows.slice(0, 2), rows.slice(0, 0), rows.slice(2, 5), rows.slice(5, 5)], train)
 
 
 def test_a_reader_never_gets_a_zero_row_batch():
@@ -313,19 +320,10 @@ def test_results_of_one_received_frame_go_back_as_one_frame(monkeypatch):
 
 
 def _feed_of_frames(*frames: list) -> DataFeed:
-    """A training feed of ``frames`` (lists of rows), each queued as one received batch."""
-    from tfonspark.tfprocess.feedserver import END_FEED
-    from tfonspark.tfprocess.localfeed import LocalFeeds
+    """A training feed of ``frames`` (lists of rows), each packed and queued as one received frame."""
     from tfonspark.wire.codec import pack_rows
 
-    feeds, stream = LocalFeeds(["input", "output"]), _Stream(True)
-    queue = feeds.queue("input")
-    for rows in frames:
-        batch = pack_rows(rows)
-        queue.put(stream, batch, batch.nbytes)
-    queue.put(stream, None)
-    queue.put(None, END_FEED)
-    return DataFeed(feeds)
+    return _queued_feed([pack_rows(rows) for rows in frames], train=True)[0]
 
 
 def _address(column: np.ndarray) -> int:
