@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import tfonspark
+from tfonspark.errors import NodeFailed
 from tfonspark.tfprocess.server import servers_accepting
 
 from .conftest import by_value, wait_until
@@ -169,10 +171,16 @@ def _check_the_evaluations(evaluations: list, r: dict, ckpt: str) -> list[int]:
     return steps
 
 
-def test_the_chief_coordinates_serving_workers_and_the_evaluator_reports_each_checkpoint(
-    spark_manager, no_leftovers, tmp_path
-):
-    sc = spark_manager.get("local[5]")  # a barrier stage of 5 tasks: 1 ps, the chief, the evaluator, 2 workers
+#: TF 2.21's own transport failing one of the coordinator's RPCs to a serving worker: the worker
+#: answered "Unable to parse request" (gRPC INTERNAL) to a ``RemoteValue`` fetch, once in ~30 CI
+#: runs of this file (stop 37) and never in 10 runs alone or beside a busy loop. No tfonspark code
+#: is on that path (TF's client serializes, TF's server parses); the test runs again once for it.
+TF_TRANSPORT_FLAKE = "Unable to parse request"
+
+
+def _train_and_shut_down(sc, tmp_path: Path):
+    """One cluster start on ``local[5]``, its roles checked, and its shutdown; what was timed."""
+    tmp_path.mkdir()
     ckpt = str(tmp_path / "ckpt")
     started, started_at = time.monotonic(), time.time()
     cluster = tfonspark.run(
@@ -189,7 +197,25 @@ def test_the_chief_coordinates_serving_workers_and_the_evaluator_reports_each_ch
     roles = sorted((i["job_name"], i["task_index"]) for i in cluster.cluster_info)
     assert roles == [("chief", 0), ("evaluator", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
     cluster.shutdown(timeout=120)  # waits for the chief, then stops the evaluator (SIGTERM) and the servers
-    done, done_at = time.monotonic(), time.time()
+    return cluster, ckpt, (started, started_at, up, time.monotonic(), time.time())
+
+
+def _train_tolerating_tf_transport_flake(sc, tmp_path: Path):
+    """:func:`_train_and_shut_down`, again in a fresh directory if TF's transport failed the first."""
+    try:
+        return _train_and_shut_down(sc, tmp_path / "try1")
+    except NodeFailed as exc:
+        if TF_TRANSPORT_FLAKE not in str(exc):
+            raise
+        warnings.warn(f"TF's gRPC transport failed the first run, running again: {str(exc)[:300]}", stacklevel=1)
+    return _train_and_shut_down(sc, tmp_path / "try2")
+
+
+def test_the_chief_coordinates_serving_workers_and_the_evaluator_reports_each_checkpoint(
+    spark_manager, no_leftovers, tmp_path
+):
+    sc = spark_manager.get("local[5]")  # a barrier stage of 5 tasks: 1 ps, the chief, the evaluator, 2 workers
+    cluster, ckpt, (started, started_at, up, done, done_at) = _train_tolerating_tf_transport_flake(sc, tmp_path)
 
     by_node: dict[str, list] = {}
     for report in cluster.reports:
