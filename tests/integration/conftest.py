@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import waiting
 from tfonspark.testing import free_ports
 
 NODE_MARKERS = (
@@ -37,12 +38,8 @@ def node_processes(clusters: list[str] | None = None) -> list[psutil.Process]:
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+    """:func:`tests.waiting.wait_until`, asking less often: these predicates scan processes and ports."""
+    return waiting.wait_until(predicate, timeout, interval)
 
 
 def listening_ports() -> set[int]:

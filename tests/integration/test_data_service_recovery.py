@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 import tfonspark
+from tests.waiting import wait_until
 from tfonspark.errors import NodeFailed
 from tfonspark.tfprocess.data_worker import split_address
 
@@ -61,21 +62,21 @@ def test_killed_worker_restarts_in_place_and_the_job_goes_on(sc, tmp_path):
         ds = tf.data.Dataset.range(M)
         reader = _Reader(svc.distribute(ds, "parallel_epochs", job_name="ft", max_outstanding_requests=2))
         reader.start()
-        assert _wait(lambda: len(reader.got) >= KILL_AFTER or not reader.is_alive(), 60)
+        assert wait_until(lambda: len(reader.got) >= KILL_AFTER or not reader.is_alive(), 60)
         victim = _listener(svc.worker_addresses[1])
         # the supervisor keeps a standby TF process ready once the server serves: wait for it
-        assert _wait(lambda: len(victim.parent().children()) >= 2, 60), "no standby TF process"
+        assert wait_until(lambda: len(victim.parent().children()) >= 2, 60), "no standby TF process"
         victim.send_signal(signal.SIGKILL)
         killed, before = time.monotonic(), len(reader.got)
         reader.join(60)
         assert not reader.is_alive(), f"the reader hung: {len(reader.got)} elements, last {_ago(reader)}"
         assert reader.error is None, reader.error
-        assert _wait(lambda: bool(svc.cluster.server_restarts), 10), "no ServerRestarted event"
+        assert wait_until(lambda: bool(svc.cluster.server_restarts), 10), "no ServerRestarted event"
         restart = svc.cluster.server_restarts[0]
         lost_began = time.monotonic()
         failed_after = _lost_for_good(svc)
     assert "lost" in str(ended.value), ended.value
-    assert _wait(lambda: not node_processes([svc.cluster.cluster_id]), 20), "node processes left behind"
+    assert wait_until(lambda: not node_processes([svc.cluster.cluster_id]), 20), "node processes left behind"
     lost_s = time.monotonic() - lost_began  # the lost-for-good scenario, its shutdown included
     counts = collections.Counter(collections.Counter(reader.got).values())
     third = [t for x, t in zip(reader.got, reader.times) if x == 0][2:3]  # the restarted task's first element
@@ -103,7 +104,7 @@ def _lost_for_good(svc) -> float:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    assert _wait(lambda: len(seen) >= 50 or not reader.is_alive(), 60), f"{len(seen)} elements read: {outcome}"
+    assert wait_until(lambda: len(seen) >= 50 or not reader.is_alive(), 60), f"{len(seen)} elements read: {outcome}"
     supervisor = _listener(svc.worker_addresses[0]).parent()
     assert supervisor is not None and "tfonspark.executor.supervisor" in " ".join(supervisor.cmdline())
     supervisor.send_signal(signal.SIGKILL)
@@ -125,15 +126,6 @@ def _ago(reader) -> str:
     return f"{time.monotonic() - reader.times[-1]:.1f}s ago" if reader.times else "none"
 
 
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 @pytest.mark.skipif(
     not os.environ.get("TFONSPARK_MEASURE_EPOCH_RESTART"),
     reason="a measurement for docs/data_service.md, not a check: TFONSPARK_MEASURE_EPOCH_RESTART=1 runs it",
@@ -148,11 +140,11 @@ def test_distributed_epoch_across_a_restart_measured(sc):
     with tfonspark.data_service(sc, 2, heartbeat_interval_ms=500, reservation_timeout=120) as svc:
         for trial, index in enumerate((1, 0)):
             victim = _listener(svc.worker_addresses[index])
-            assert _wait(lambda v=victim: len(v.parent().children()) >= 2, 90), "no standby TF process"
+            assert wait_until(lambda v=victim: len(v.parent().children()) >= 2, 90), "no standby TF process"
             ds = svc.distribute(tf.data.Dataset.range(M * 2), job_name=f"epoch-{trial}", max_outstanding_requests=2)
             reader = _Reader(ds)
             reader.start()
-            assert _wait(lambda r=reader: len(r.got) >= KILL_AFTER or not r.is_alive(), 60)
+            assert wait_until(lambda r=reader: len(r.got) >= KILL_AFTER or not r.is_alive(), 60)
             victim.send_signal(signal.SIGKILL)
             killed, before = time.monotonic(), len(reader.got)
             reader.join(120)

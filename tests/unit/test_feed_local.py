@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.errors import FeedError, FeedTimeout, InputError
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder, FeedTarget, choose_target
@@ -146,15 +147,6 @@ def drain(feed: DataFeed, batch_size: int) -> list:
         assert len(batch) <= batch_size
         rows.extend(batch)
     raise AssertionError("the feed never ended")
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def big_rows(total_bytes: int, width: int) -> list[np.ndarray]:

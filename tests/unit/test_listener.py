@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.errors import ProtocolError
 from tfonspark.wire import framing as f
 from tfonspark.wire.listener import Listener
@@ -104,15 +105,6 @@ def echo(addr, payload: bytes = b"ping") -> bytes:
         conn.settimeout(5)
         conn.send(payload)
         return bytes(conn.recv())
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 # ---- the acceptance test: a descriptor flood ------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark import settings
 from tfonspark.config import NodeConfig
 from tfonspark.driver.plan import build_cluster_spec, plan_roles
@@ -76,15 +77,6 @@ def register(
 
 def reply(conn: f.Connection) -> m.Message:
     return m.recv_message(conn, m.ClusterReady, m.Reject)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def evil_pickle(target: Path) -> bytes:

@@ -9,10 +9,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.driver import rendezvous
 from tfonspark.driver.plan import plan_roles
 from tfonspark.driver.rendezvous import RendezvousServer
@@ -47,15 +47,6 @@ def nodes(server):
     yield conns
     for conn in conns:
         conn.close()
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
 
 
 def _taken(server: RendezvousServer, conn: f.Connection) -> list[ev.NodeEvent]:

@@ -20,6 +20,7 @@ import types
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
 from tfonspark.driver.node_events import NodeEvents, ServerRestart, how_it_died
 from tfonspark.driver.ps import PSCluster
@@ -46,15 +47,6 @@ def _config(**overrides) -> NodeConfig:
     }
     fields.update(overrides)
     return NodeConfig(**fields)
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _serving(args, ctx):
@@ -130,14 +122,14 @@ def test_a_killed_worker_server_comes_back_at_its_port_until_the_limit(supervise
     label = _config().cluster_id[:12]
     first = fake.wait_for(m.NodeUp)
     port = fake.wait_for(m.Register).port
-    assert _wait(lambda: _accepts(port), 20)
-    assert _wait(lambda: _standby(label), 20)  # its successor, started once it serves
+    assert wait_until(lambda: _accepts(port), 20)
+    assert wait_until(lambda: _standby(label), 20)  # its successor, started once it serves
     standby = _standby(label)
     peer = _connect(port)  # a live connection when it dies: its remains must not block the restart
     os.kill(first.tf_pid, signal.SIGKILL)
     restarted = fake.wait_for(ev.ServerRestarted, timeout=60)  # once the standby imported TensorFlow
     assert (restarted.restart, restarted.limit, restarted.exit_code, restarted.accepting) == (1, 1, -9, True)
-    assert _wait(lambda: len(fake.of(m.NodeUp)) == 2, 30)
+    assert wait_until(lambda: len(fake.of(m.NodeUp)) == 2, 30)
     second = fake.of(m.NodeUp)[-1]
     assert second.tf_pid == standby and _accepts(port) and not process_alive(first.tf_pid)  # the standby took over
     assert fake.of(m.NodeExit) == []  # the driver saw no failure
@@ -165,13 +157,13 @@ def test_with_spare_processes_off_a_killed_server_restarts_in_a_new_process(supe
     fake, proc = supervised(server_restarts=1, spare_processes=False, cluster_id=label)
     first = fake.wait_for(m.NodeUp)
     port = fake.wait_for(m.Register).port
-    assert _wait(lambda: _accepts(port), 20)
+    assert wait_until(lambda: _accepts(port), 20)
     time.sleep(1.0)  # a standby would be starting by now
     assert not _standby(label[:12])
     os.kill(first.tf_pid, signal.SIGKILL)
     restarted = fake.wait_for(ev.ServerRestarted, timeout=60)  # slower: a new TF process starts
     assert (restarted.restart, restarted.exit_code, restarted.accepting) == (1, -9, True)
-    assert _wait(lambda: len(fake.of(m.NodeUp)) == 2, 30)
+    assert wait_until(lambda: len(fake.of(m.NodeUp)) == 2, 30)
     second = fake.of(m.NodeUp)[-1]
     assert second.tf_pid != first.tf_pid and _accepts(port) and not _standby(label[:12])
     assert fake.of(m.NodeExit) == []

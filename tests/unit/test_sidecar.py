@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tfonspark.keras as tfk
+from tests.waiting import wait_until
 from tfonspark.distribute import sidecar
 from tfonspark.errors import CheckpointTimeout, ConfigError
 
@@ -57,13 +58,6 @@ def _events(log_dir: str) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def _wait(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_evaluates_each_checkpoint_and_the_last_after_sigterm(tmp_path):
     x, y = _data()
     trained = _model()
@@ -79,7 +73,7 @@ def test_evaluates_each_checkpoint_and_the_last_after_sigterm(tmp_path):
             saved.append(path)
             expected[path] = trained.evaluate(x, y, verbose=0, return_dict=True)["loss"]
             if i < 3:
-                _wait(lambda n=i: len(ctx.reports) > n)
+                assert wait_until(lambda n=i: len(ctx.reports) > n, 30.0), "timed out"
         os.kill(os.getpid(), signal.SIGTERM)  # the cluster stops the evaluator right after the last save
 
     writer = threading.Thread(target=coordinator)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import types
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
 from tfonspark.driver.ending import finish, stop_now
 from tfonspark.driver.restarts import Attempts
@@ -26,15 +26,6 @@ from tfonspark.host import process_alive
 from tfonspark.wire import messages as m
 
 WAIT = 1.0  # how long a kept spare waits for an adopter here
-
-
-def _until(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def started(tmp_path: Path):
     python_path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=python_path)
     keeper = Keeper.start(path, env, ["--cluster", "spare-test"], wait=WAIT)
-    assert _until(lambda: os.path.exists(path)), "the keeper never listened"
+    assert wait_until(lambda: os.path.exists(path)), "the keeper never listened"
     yield keeper, path, env, scratch
     if keeper.proc.poll() is None:
         keeper.proc.kill()
@@ -67,7 +58,7 @@ def test_kept_then_gone_when_nobody_comes(started) -> None:
     keeper, path, _, scratch = started
     keeper.release(keep=True)
     assert keeper.proc.poll() is None and os.path.exists(path)  # waiting for the next attempt
-    assert _until(lambda: keeper.proc.poll() is not None, WAIT + 10)
+    assert wait_until(lambda: keeper.proc.poll() is not None, WAIT + 10)
     assert not os.path.exists(path) and not scratch.exists()
 
 
@@ -82,14 +73,14 @@ def test_adopted_once_reports_a_signal_and_ends_its_keeper(started) -> None:
     assert spare.poll() is None
     os.killpg(spare.pid, signal.SIGKILL)
     assert spare.wait(10) == -signal.SIGKILL
-    assert _until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: keeper.proc.poll() is not None)
     spare.discard()
 
 
 def test_another_environment_is_refused_and_the_spare_killed(started) -> None:
     keeper, path, env, scratch = started
     assert adopt([path], env_digest(dict(env, CUDA_VISIBLE_DEVICES="1"))) is None
-    assert _until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: keeper.proc.poll() is not None)
     assert not scratch.exists()
 
 
@@ -99,7 +90,7 @@ def test_killed_when_its_adopter_goes(started) -> None:
     assert spare is not None
     pid = spare.pid
     spare.discard()  # as when the adopting supervisor dies: its connection closes
-    assert _until(lambda: not process_alive(pid)) and _until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: not process_alive(pid)) and wait_until(lambda: keeper.proc.poll() is not None)
     assert not scratch.exists()
 
 

@@ -20,6 +20,7 @@ import types
 
 import pytest
 
+from tests.waiting import wait_until
 from tfonspark.config import InputMode, NodeConfig
 from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
 from tfonspark.host import process_alive
@@ -49,15 +50,6 @@ def _feed_dirs() -> set[str]:
     """Feed socket dirs and the TF processes' private temp dirs (which hold them under a supervisor)."""
     tmp = tempfile.gettempdir()
     return set(glob.glob(os.path.join(tmp, "tfos-feed-*")) + glob.glob(os.path.join(tmp, "tfos-node-*")))
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 # ---- relaying the TF process's events -----------------------------------------------------------
@@ -372,13 +364,13 @@ def test_sigkilled_supervisor_takes_its_tf_process_children_and_socket_along(dri
         up = fake.wait_for(m.NodeUp)
         assert isinstance(up, m.NodeUp) and os.path.exists(up.data_path)
         assert up.data_host == "127.0.0.1" or not up.data_host.startswith("0.")
-        assert _wait(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text(), 30)
+        assert wait_until(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text(), 30)
         child = int((tmp_path / "child.pid").read_text())
-        assert _wait(lambda: len(fake.of(m.Heartbeat)) >= 2, 10), "the supervisor sends heartbeats"
+        assert wait_until(lambda: len(fake.of(m.Heartbeat)) >= 2, 10), "the supervisor sends heartbeats"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        assert _wait(lambda: not process_alive(up.tf_pid), 15), "the TF process outlived its supervisor"
-        assert _wait(lambda: not process_alive(child), 15), "the TF process's children outlived it"
+        assert wait_until(lambda: not process_alive(up.tf_pid), 15), "the TF process outlived its supervisor"
+        assert wait_until(lambda: not process_alive(child), 15), "the TF process's children outlived it"
         assert not os.path.exists(os.path.dirname(up.data_path))
         assert fake.closed.wait(10) and fake.of(m.NodeExit) == []
     finally:
