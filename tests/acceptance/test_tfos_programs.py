@@ -130,8 +130,10 @@ def test_keras2_pipeline_program_trains_and_infers(spark, tfos_mnist, mnist_dir,
     rows = program.inference(spark, args, frame).select("label", "prediction").collect()
     assert len(rows) == TEST_ROWS
     accuracy = float(np.mean([int(np.argmax(r.prediction)) == r.label for r in rows]))
-    # one epoch of ~40 steps per worker, rows interleaved as the feed tasks run: 0.74-0.82 seen
-    assert accuracy > 0.7, f"{fmt}: test accuracy {accuracy:.3f} after {args.epochs} epoch on {TRAIN_ROWS} rows"
+    # one epoch of ~40 steps per worker from a random start, rows interleaved as the feed tasks
+    # run: 0.74-0.82 seen, and 0.642 once in CI (stop 38). Chance is 0.1, and labels or
+    # predictions matched to the wrong rows stay near it: 0.5 says it trained, every row its own.
+    assert accuracy > 0.5, f"{fmt}: test accuracy {accuracy:.3f} after {args.epochs} epoch on {TRAIN_ROWS} rows"
 
 
 # ---- TFoS's own test_pipeline.py::test_spark_saved_model, its driver a fresh process -------------
