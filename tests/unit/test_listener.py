@@ -136,7 +136,7 @@ def test_wrong_secret_is_rejected_and_counted():
     with listening() as lis:
         with pytest.raises((OSError, ProtocolError)):
             f.connect(address(lis), bytes(32), timeout=5)
-        assert wait_until(lambda: lis.rejected == 1)
+        assert wait_until(lambda: lis.rejected == 1, 5.0)
         assert echo(address(lis)) == b"ping"
 
 
@@ -215,7 +215,7 @@ def test_max_connections_closes_authenticated_extras():
         assert bytes(first.recv()) == b"still served"
         first.close()
         second.close()
-        assert wait_until(lambda: echo(address(lis)) == b"ping")  # the slot is free again
+        assert wait_until(lambda: echo(address(lis)) == b"ping", 5.0)  # the slot is free again
 
 
 # ---- accept failures --------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_close_closes_connections_a_handler_kept_open():
     handler = Served("keep")
     lis = Listener(tcp_listening(), SECRET, handler)
     client = f.connect(address(lis), SECRET, timeout=5)
-    assert wait_until(lambda: bool(handler.returned))
+    assert wait_until(lambda: bool(handler.returned), 5.0)
     assert not handler.conns[0].closed  # kept for later (e.g. inference results)
     lis.close()
     assert handler.conns[0].closed
@@ -331,7 +331,7 @@ def test_connection_close_is_safe_from_several_threads():
     handler = Served("keep")
     with listening(handler) as lis:
         client = f.connect(address(lis), SECRET, timeout=5)
-        assert wait_until(lambda: bool(handler.conns))
+        assert wait_until(lambda: bool(handler.conns), 5.0)
         conn = handler.conns[0]
         threads = [threading.Thread(target=conn.close) for _ in range(8)]
         for t in threads:

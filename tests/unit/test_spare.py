@@ -40,7 +40,7 @@ def started(tmp_path: Path):
     python_path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=python_path)
     keeper = Keeper.start(path, env, ["--cluster", "spare-test"], wait=WAIT)
-    assert wait_until(lambda: os.path.exists(path)), "the keeper never listened"
+    assert wait_until(lambda: os.path.exists(path), 20.0), "the keeper never listened"
     yield keeper, path, env, scratch
     if keeper.proc.poll() is None:
         keeper.proc.kill()
@@ -73,14 +73,14 @@ def test_adopted_once_reports_a_signal_and_ends_its_keeper(started) -> None:
     assert spare.poll() is None
     os.killpg(spare.pid, signal.SIGKILL)
     assert spare.wait(10) == -signal.SIGKILL
-    assert wait_until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: keeper.proc.poll() is not None, 20.0)
     spare.discard()
 
 
 def test_another_environment_is_refused_and_the_spare_killed(started) -> None:
     keeper, path, env, scratch = started
     assert adopt([path], env_digest(dict(env, CUDA_VISIBLE_DEVICES="1"))) is None
-    assert wait_until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: keeper.proc.poll() is not None, 20.0)
     assert not scratch.exists()
 
 
@@ -90,7 +90,7 @@ def test_killed_when_its_adopter_goes(started) -> None:
     assert spare is not None
     pid = spare.pid
     spare.discard()  # as when the adopting supervisor dies: its connection closes
-    assert wait_until(lambda: not process_alive(pid)) and wait_until(lambda: keeper.proc.poll() is not None)
+    assert wait_until(lambda: not process_alive(pid), 20.0) and wait_until(lambda: keeper.proc.poll() is not None, 20.0)
     assert not scratch.exists()
 
 
