@@ -288,6 +288,314 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
+/* fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) -> (end, leftover)
+ *
+ * One chunk of a frame, packed row by row as rows come: pulls rows from the iterator `rows`
+ * and packs each at once, while its objects are still in the CPU caches, into rows start,
+ * start+1, ... of the columns' buffers, appending it to the list `keep`. Stops at row `stop`,
+ * when the iterator ends (leftover None), or at the first row it does not handle: leftover is
+ * (that row,) (not packed, not in keep: a row may be None), end its index; the caller then packs keep + leftover +
+ * the rest of the chunk as one chunk, which decides it as before. Exceptions from the
+ * iterator (a user's map function) propagate.
+ *
+ * Rows are handled exactly where pack_rows, given the chunk, would pack them into the specs'
+ * columns, dtypes, shapes and kinds, so frames are the same as chunk by chunk:
+ * - the chunk's first row (the first pulled) sets a chunk's layout there: it must be of exactly
+ *   `rowtype` with `fields` items and, for a rowtype other than list and tuple (pyspark's Row),
+ *   `__fields__` equal to `names` (None: none); a number exactly a float ("d") or an int ("q");
+ *   a list/tuple of numbers exactly of `valuetype`, of floats (or subclasses) and exact ints
+ *   within int64, with a float iff "d" (number_code's rule);
+ * - every later row is handled as pack_column/pack_arrays handle it.
+ *
+ *   specs  a tuple of column specs, one per column:
+ *          (field, 0, width, code, valuetype, out): numbers; width 0: one a row
+ *          (field, 1, fmt, shape, nbytes, arraytype, out): arrays of exactly `nbytes` bytes
+ *          field -1: the row is the value itself
+ *   out    a writable C-contiguous buffer of at least `stop` rows of the column
+ *
+ * Safety: Python code (the iterator, a Row's attributes) runs between packings, never during
+ * one; each row is owned (by keep) from when it is pulled; the buffers stay exported (not
+ * resizable) for the whole call.
+ */
+#define MAX_DIMS 32
+
+typedef struct {
+    Py_ssize_t field, width, rowbytes, ndim;
+    int arrays, as_double;
+    PyObject *valuetype, *arraytype, *shape;
+    const char *fmt;
+    Py_ssize_t dims[MAX_DIMS];
+    Py_buffer out;
+} colspec;
+
+static int
+parse_numbers(PyObject *spec, colspec *c)
+{
+    PyObject *code = PyTuple_GET_ITEM(spec, 3);
+    c->width = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+    c->valuetype = PyTuple_GET_ITEM(spec, 4);
+    if (c->width < 0 || c->width > PY_SSIZE_T_MAX / 8 || !PyUnicode_Check(code) ||
+        (c->width > 0 && c->valuetype != (PyObject *)&PyList_Type && c->valuetype != (PyObject *)&PyTuple_Type)) {
+        return -1;
+    }
+    if (PyUnicode_CompareWithASCIIString(code, "d") == 0) {
+        c->as_double = 1;
+    }
+    else if (PyUnicode_CompareWithASCIIString(code, "q") != 0) {
+        return -1;
+    }
+    c->rowbytes = (c->width > 0 ? c->width : 1) * 8;
+    return 0;
+}
+
+static int
+parse_arrays(PyObject *spec, colspec *c)
+{
+    c->arrays = 1;
+    c->fmt = PyUnicode_Check(PyTuple_GET_ITEM(spec, 2)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 2)) : NULL;
+    c->shape = PyTuple_GET_ITEM(spec, 3);
+    c->rowbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4));
+    c->arraytype = PyTuple_GET_ITEM(spec, 5);
+    if (c->fmt == NULL || !PyTuple_Check(c->shape) || !PyType_Check(c->arraytype) || c->rowbytes <= 0 ||
+        PyTuple_GET_SIZE(c->shape) < 1 || PyTuple_GET_SIZE(c->shape) > MAX_DIMS) {
+        return -1;
+    }
+    c->ndim = PyTuple_GET_SIZE(c->shape);
+    for (Py_ssize_t d = 0; d < c->ndim; d++) {
+        if ((c->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(c->shape, d))) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One spec tuple into c, its buffer acquired (released by the caller when c->out.obj is set). */
+static int
+parse_spec(PyObject *spec, colspec *c, Py_ssize_t fields, Py_ssize_t stop)
+{
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
+        return -1;
+    }
+    c->field = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 0));
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+    int bad = c->field >= fields || c->field < -1 || PyErr_Occurred();
+    if (!bad && kind == 0 && PyTuple_GET_SIZE(spec) == 6) {
+        bad = parse_numbers(spec, c) < 0;
+    }
+    else if (!bad && kind == 1 && PyTuple_GET_SIZE(spec) == 7) {
+        bad = parse_arrays(spec, c) < 0;
+    }
+    else {
+        bad = 1;
+    }
+    if (bad || PyErr_Occurred()) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, PyTuple_GET_SIZE(spec) - 1), &c->out,
+                           PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    return stop <= c->out.len / c->rowbytes ? 0 : -1;
+}
+
+/* An array value's bytes into dst if it is exactly like the spec's; -1 (nothing counts) if not. */
+static int
+copy_like(PyObject *value, const colspec *c, char *dst)
+{
+    Py_buffer view;
+    int same;
+
+    if ((PyObject *)Py_TYPE(value) != c->arraytype) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* e.g. a strided view */
+        return -1;
+    }
+    same = view.len == c->rowbytes && view.ndim == c->ndim && strcmp(view.format ? view.format : "B", c->fmt) == 0;
+    for (Py_ssize_t d = 0; same && d < c->ndim; d++) {
+        same = view.shape[d] == c->dims[d];
+    }
+    if (same) {
+        memcpy(dst, view.buf, (size_t)c->rowbytes);
+    }
+    PyBuffer_Release(&view);
+    return same ? 0 : -1;
+}
+
+/* A chunk's first value gives pack_rows this column's dtype and kind (see fill_frame): 0, or -1. */
+static int
+sets_layout(PyObject *value, const colspec *c)
+{
+    int any_float = 0, overflow = 0;
+
+    if (c->width == 0) {
+        return (c->as_double ? PyFloat_CheckExact(value) : PyLong_CheckExact(value)) ? 0 : -1;
+    }
+    if ((PyObject *)Py_TYPE(value) != c->valuetype) {
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
+        if (PyFloat_Check(items[i])) {
+            any_float = 1;
+        }
+        else if (!PyLong_CheckExact(items[i])) {
+            return -1;
+        }
+        else if (PyLong_AsLongLongAndOverflow(items[i], &overflow) == -1 && (overflow || PyErr_Occurred())) {
+            PyErr_Clear(); /* beyond int64: number_code leaves it to numpy */
+            return -1;
+        }
+    }
+    return any_float == c->as_double ? 0 : -1;
+}
+
+/* One row's value of one column into row r of its buffer; -1 where the row is left over. */
+static int
+pack_value(PyObject *row, PyObject *rowtype, Py_ssize_t fields, const colspec *c, Py_ssize_t r, int first)
+{
+    PyObject *value = value_of(row, rowtype, fields, c->field);
+    char *dst = (char *)c->out.buf + r * c->rowbytes;
+
+    if (value == NULL) {
+        return -1;
+    }
+    if (c->arrays) {
+        return copy_like(value, c, dst);
+    }
+    if (first && sets_layout(value, c) < 0) {
+        return -1;
+    }
+    if (c->width == 0) {
+        return pack_number(value, c->as_double, dst);
+    }
+    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != c->width) {
+        return -1;
+    }
+    PyObject **numbers = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; i < c->width; i++) {
+        if (pack_number(numbers[i], c->as_double, dst + i * 8) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A Row's field names are the frame's (rows of other tuple subclasses: getattr(row, "__fields__",
+ * None) == names): 1, 0, or -1 with an exception set. */
+static int
+same_names(PyObject *row, PyObject *rowtype, PyObject *names)
+{
+    if (rowtype == (PyObject *)&PyTuple_Type || rowtype == (PyObject *)&PyList_Type || rowtype == Py_None) {
+        return 1;
+    }
+    PyObject *fields = PyObject_GetAttrString(row, "__fields__");
+    if (fields == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return names == Py_None;
+    }
+    int same = names != Py_None && PyList_CheckExact(fields) && PyObject_RichCompareBool(fields, names, Py_EQ) == 1;
+    Py_DECREF(fields);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        same = 0;
+    }
+    return same;
+}
+
+typedef struct {
+    PyObject *rowtype, *names, *keep;
+    Py_ssize_t fields, ncols;
+    colspec *cols;
+} chunk;
+
+/* Rows start.. into the columns; the index reached, *leftover the row not handled (or NULL);
+ * -1 with an exception set where the iterator (or keep) failed. */
+static Py_ssize_t
+fill_rows(PyObject *rows, const chunk *k, Py_ssize_t start, Py_ssize_t stop, PyObject **leftover)
+{
+    *leftover = NULL;
+    for (Py_ssize_t r = start; r < stop; r++) {
+        PyObject *row = PyIter_Next(rows);
+        if (row == NULL) {
+            return PyErr_Occurred() ? -1 : r;
+        }
+        int ok = r > start || same_names(row, k->rowtype, k->names);
+        for (Py_ssize_t j = 0; ok == 1 && j < k->ncols; j++) {
+            ok = pack_value(row, k->rowtype, k->fields, &k->cols[j], r, r == start) == 0;
+        }
+        if (ok == 0) {
+            *leftover = row; /* the caller's reference now */
+            return r;
+        }
+        if (ok < 0 || PyList_Append(k->keep, row) < 0) {
+            Py_DECREF(row);
+            return -1;
+        }
+        Py_DECREF(row); /* keep holds it */
+    }
+    return stop;
+}
+
+static PyObject *
+fill_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *leftover = NULL, *result = NULL;
+    chunk k = {0};
+    Py_ssize_t start, stop, end;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) takes 8 arguments");
+        return NULL;
+    }
+    PyObject *rows = args[0], *specs = args[4];
+    k.rowtype = args[1];
+    k.names = args[3];
+    k.keep = args[7];
+    k.fields = PyLong_AsSsize_t(args[2]);
+    start = PyLong_AsSsize_t(args[5]);
+    stop = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred() || !PyIter_Check(rows) || !PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) == 0 ||
+        !PyList_CheckExact(k.keep) || (k.names != Py_None && !PyList_CheckExact(k.names)) || start < 0 ||
+        stop < start || k.fields < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "fill_frame: bad rows, fields, names, specs, start, stop or keep");
+        return NULL;
+    }
+    k.ncols = PyTuple_GET_SIZE(specs);
+    if ((k.cols = PyMem_Calloc((size_t)k.ncols, sizeof *k.cols)) == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t j = 0; j < k.ncols; j++) {
+        if (parse_spec(PyTuple_GET_ITEM(specs, j), &k.cols[j], k.fields, stop) < 0 ||
+            (k.cols[j].field >= 0 && !PyType_Check(k.rowtype))) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "fill_frame: bad spec %zd (or its buffer is too small)", j);
+            }
+            goto done;
+        }
+    }
+    end = fill_rows(rows, &k, start, stop, &leftover);
+    if (end >= 0) {
+        /* (end, None) or (end, (row,)): a row may itself be None */
+        result = leftover ? Py_BuildValue("(n(O))", end, leftover) : Py_BuildValue("(nO)", end, Py_None);
+    }
+done:
+    Py_XDECREF(leftover);
+    for (Py_ssize_t j = 0; j < k.ncols; j++) {
+        if (k.cols[j].out.obj != NULL) {
+            PyBuffer_Release(&k.cols[j].out);
+        }
+    }
+    PyMem_Free(k.cols);
+    return result;
+}
+
 /* number_code(value) -> "d", "q" or None: the code of numpy's dtype for a non-empty exact list
  * or tuple of floats (float subclasses too) and exact ints within int64: float64 ("d") if any is
  * a float, else int64 ("q"), as np.asarray(value) gives; None for anything else (bools, other
@@ -341,6 +649,9 @@ empty_bytearray(PyObject *self, PyObject *arg)
 static PyMethodDef methods[] = {
     {"empty_bytearray", empty_bytearray, METH_O,
      "empty_bytearray(n) -> bytearray of n bytes, contents not set: the caller overwrites them."},
+    {"fill_frame", (PyCFunction)(void (*)(void))fill_frame, METH_FASTCALL,
+     "fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) -> (end, leftover): one chunk "
+     "of rows pulled from an iterator, each packed at once; leftover: (the first row it does not handle,)."},
     {"number_code", number_code, METH_O,
      "number_code(value) -> 'd', 'q' or None: numpy's float64/int64 for a flat list/tuple of numbers."},
     {"pack_arrays", (PyCFunction)(void (*)(void))pack_arrays, METH_FASTCALL,

@@ -485,6 +485,72 @@ def _ragged_rows(rows: Sequence[Any], width: int, partition: int | None, first_r
     return InputError("rows are not all tuples/lists", partition=partition, row=first_row)
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """How ``_pack.c``'s ``fill_frame`` packs rows like a batch's first row, one at a time, into
+    frames like that batch (:func:`row_plan`)."""
+
+    rowtype: type | None  # None: each row is the column's value (a "scalar" batch)
+    fields: int
+    specs: tuple[tuple[Any, ...], ...]  # one per column, less its buffer
+    like: ColumnBatch  # layout, names, kinds, dtypes and per-row shapes of the frames
+
+
+def row_plan(batch: ColumnBatch, first: Any) -> RowPlan | None:
+    """A plan to pack rows like ``first`` (``batch``'s first row) into ``batch``'s dtypes and
+    shapes, one row at a time: only for rows of numbers, flat lists/tuples of numbers (of the
+    first's container type) and numpy arrays, in columns of float64/int64 (numbers) or the
+    arrays' own dtype. None without the C packer or for any other batch (dicts, strings, ...)."""
+    if native is None or batch.layout not in ("tuple", "scalar"):
+        return None
+    if batch.layout == "scalar":
+        rowtype, fields, values = None, 0, [first]
+    elif _plain_row_type(type(first)):
+        rowtype, fields, values = type(first), len(first), list(first)
+    else:
+        return None
+    specs = []
+    for j, (column, value) in enumerate(zip(batch.columns, values, strict=True)):
+        spec = _value_spec(column, value)
+        if spec is None:
+            return None
+        specs.append((j if rowtype is not None else -1, *spec))
+    return RowPlan(rowtype, fields, tuple(specs), batch)
+
+
+def _value_spec(column: Any, value: Any) -> tuple[Any, ...] | None:
+    """``fill_frame``'s spec (less field and buffer) for values like ``value`` into ``column``'s dtype."""
+    if not isinstance(column, np.ndarray):
+        return None
+    if type(value) is np.ndarray:
+        same = value.dtype == column.dtype and value.shape == column.shape[1:] and value.flags.c_contiguous
+        if not same or value.ndim == 0 or value.size == 0 or value.dtype.kind not in "biuf" or not value.dtype.isnative:
+            return None
+        return (1, value.data.format, value.shape, value.nbytes, np.ndarray)
+    code = _STRUCT_CODES.get(column.dtype)
+    if code is None:
+        return None
+    if type(value) in (float, int) and column.ndim == 1:
+        return (0, 0, code, None)
+    if type(value) in _SEQUENCES and column.ndim == 2 and column.shape[1] == len(value) > 0:
+        return (0, len(value), code, type(value))
+    return None
+
+
+def fill_frame(
+    rows: Any, plan: RowPlan, columns: list[np.ndarray], span: tuple[int, int], keep: list[Any]
+) -> tuple[int, tuple[Any] | None]:
+    """One chunk of rows pulled from the iterator ``rows`` into rows ``span`` of ``columns``
+    (laid out as ``plan.like``'s), each packed as it comes and appended to ``keep``, exactly
+    where :func:`pack_rows` of the chunk would pack it so: (the row reached, the first row it
+    does not handle, in a 1-tuple: a row may be None; or None). That row and ``keep`` are then
+    packed as one chunk."""
+    specs = tuple((*spec, column) for spec, column in zip(plan.specs, columns, strict=True))
+    names = plan.like.names if plan.rowtype is not None else None
+    end, leftover = native.fill_frame(rows, plan.rowtype, plan.fields, names, specs, *span, keep)
+    return end, leftover
+
+
 def pack_rows(
     rows: Sequence[Any], partition: int | None = None, first_row: int = 0, scratch: Scratch | None = None
 ) -> ColumnBatch:
