@@ -9,12 +9,15 @@ import pickle
 import shlex
 import struct
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from tfonspark.errors import InputError, ProtocolError
+from tfonspark.executor.feeder import Feeder
+from tfonspark.wire import codec
 from tfonspark.wire.arrow import arrow_to_columns, columns_to_arrow
 from tfonspark.wire.codec import ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
 
@@ -244,9 +247,10 @@ def test_list_features_that_differ_give_the_errors_numpy_rules_give(rows, row, w
         assert words in str(info.value)
 
 
-def test_feed_task_packs_chunks_of_at_most_32768_python_values_into_4_mb_frames(monkeypatch):
+def _recorded_chunks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Any]:
+    """The sizes of the chunks the feed task hands ``pack_rows``, and a function giving the
+    batch sizes it feeds for some rows."""
     from tfonspark.executor import feeder
-    from tfonspark.executor.feeder import Feeder
 
     chunks: list[int] = []
 
@@ -260,13 +264,31 @@ def test_feed_task_packs_chunks_of_at_most_32768_python_values_into_4_mb_frames(
         chunks.clear()
         return [b.count for b in Feeder._row_batches(0, iter(rows))]
 
+    return chunks, counts
+
+
+@pytest.mark.skipif(codec.native is None, reason="the C packer was not built")
+def test_feed_task_packs_rows_like_the_first_one_at_a_time_into_4_mb_frames(monkeypatch):
+    chunks, counts = _recorded_chunks(monkeypatch)
     rows = [(list(W784), i) for i in range(1000)]
-    assert counts(rows) == [16, 697, 287]  # whole chunks up to 4 MB // 6,280 bytes a row
-    assert chunks == [16] + [41] * 24  # 32,768 // 786 values
+    assert counts(rows) == [16, 697, 287]  # whole chunks of 41 rows up to 4 MB // 6,280 bytes a row
+    assert chunks == [16]  # only the first chunk went to pack_rows; the rest were packed as they came
     got = list(itertools.chain.from_iterable(b.rows() for b in Feeder._row_batches(0, iter(rows))))
     assert [r[1] for r in got] == list(range(1000)) and all(list(r[0]) == W784 for r in got)
     assert counts([(np.zeros(784, np.float32), i) for i in range(3000)]) == [16, 1334, 1334, 316]  # 4 MB
     assert counts(list(range(70_000))) == [16, 65536, 4448]
+    assert chunks == [16]
+
+
+def test_without_the_c_packer_the_feed_task_packs_chunks_of_at_most_32768_values(monkeypatch):
+    chunks, counts = _recorded_chunks(monkeypatch)
+    monkeypatch.setattr(codec, "native", None)
+    assert counts([(list(W784), i) for i in range(1000)]) == [16, 697, 287]  # the same frames
+    assert chunks == [16] + [41] * 24  # 32,768 // 786 values
+    monkeypatch.undo()
+    chunks, counts = _recorded_chunks(monkeypatch)  # with the C packer: dict rows still go by chunks
+    assert counts([{"x": float(i)} for i in range(70_000)]) == [16, 65536, 4448]
+    assert chunks == [16] + [16384] * 4 + [4448]  # 32,768 // 2 values (the dict and its value)
 
 
 def _fed(rows: list) -> list:

@@ -19,7 +19,7 @@ import pytest
 
 from tfonspark.errors import InputError
 from tfonspark.wire import codec
-from tfonspark.wire.codec import Scratch, encode_batch, pack_rows
+from tfonspark.wire.codec import ColumnBatch, Scratch, encode_batch, pack_rows
 
 needs_native = pytest.mark.skipif(codec.native is None, reason="the C packer was not built here")
 Point = namedtuple("Point", "x y")
@@ -55,7 +55,11 @@ def _packed(rows: list[Any], scratch: bool = True) -> Any:
 def _fed(rows: list[Any]) -> Any:
     from tfonspark.executor.feeder import Feeder
 
-    return lambda: list(Feeder._row_batches(3, iter(rows)))
+    def copied(batch: ColumnBatch) -> ColumnBatch:  # before the next batch reuses its memory
+        columns = [np.array(c) if isinstance(c, np.ndarray) else list(c) for c in batch.columns]
+        return ColumnBatch(columns, batch.layout, batch.names, batch.kinds)
+
+    return lambda: [copied(b) for b in Feeder._row_batches(3, iter(rows))]
 
 
 W = [i / 7 for i in range(784)]
@@ -186,6 +190,99 @@ def test_randomly_spoilt_chunks_give_the_same_frames_and_errors(seed, monkeypatc
         rows[r] = (tuple(features) if rng.random() < 0.3 else features, label)
     outcome = _both(_fed(rows), monkeypatch)
     assert outcome[0] == "error" or sum(len(f) for f in outcome[1]) > 0
+
+
+def _family(rng: random.Random, n: int) -> list[Any]:
+    """``n`` rows of one of the shapes users feed, every row built like the first."""
+    from pyspark.sql import Row
+
+    width = rng.choice([1, 3, 40])
+    kind = rng.choice(["list", "tuple", "row", "scalar", "array", "scalar-array", "int-features"])
+    if kind == "row":
+        return [Row(features=[rng.random() for _ in range(width)], label=i) for i in range(n)]
+    if kind == "scalar":
+        return [rng.random() if rng.random() < 0.9 else i for i in range(n)]
+    if kind == "array":
+        return [(np.full(width, i, np.float32), i) for i in range(n)]
+    if kind == "scalar-array":
+        return [np.full((2, width), i, np.int16) for i in range(n)]
+    if kind == "int-features":
+        return [([rng.randrange(100) for _ in range(width)], i) for i in range(n)]
+    container = list if kind == "list" else tuple
+    return [(container(rng.random() for _ in range(width)), i) for i in range(n)]
+
+
+def _spoilt(rng: random.Random, row: Any) -> Any:
+    """``row`` made unlike its neighbours in one of the ways that change how a chunk packs."""
+    from pyspark.sql import Row
+
+    odd = [None, "1", True, np.float32(1), np.float64(2.5), np.int64(3), 2**63, 7, 2.5, 1j, float("nan")]
+    if isinstance(row, Row):
+        features, label = row  # a Row spoilt before may have other field names
+        choices = [Row(features=features, target=label), Row(features=tuple(features), label=label)]
+        return rng.choice([*choices, Row(features=features, label=rng.choice(odd)), tuple(row)])
+    if isinstance(row, np.ndarray):
+        return rng.choice([row.astype(np.int32), row[:, :1], row.T.copy(), row.tolist(), rng.choice(odd)])
+    if not isinstance(row, tuple):
+        return rng.choice(odd)
+    features, label = row
+    if isinstance(features, np.ndarray):
+        return rng.choice([(features.astype(np.float64), label), (features[::2], label), (features, rng.choice(odd))])
+    changed = list(features)
+    changed[rng.randrange(len(changed))] = rng.choice(odd)
+    other = tuple if type(features) is list else list
+    return rng.choice([(changed, label), (other(features), label), (features, rng.choice(odd)), [features, label]])
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(400))
+def test_rows_packed_as_they_come_give_the_frames_and_errors_of_chunks(seed, monkeypatch):
+    """Partitions of every row shape the feed task packs row by row, a few rows spoilt at random
+    (at a chunk's first row too), against the pure-Python packer's chunk-by-chunk frames."""
+    rng = random.Random(seed)
+    rows = _family(rng, rng.choice([100, 3000]))
+    for _ in range(rng.choice([0, 1, 2, 4])):
+        r = rng.choice([rng.randrange(16, len(rows)), 16 + 41 * rng.randrange(2), len(rows) - 1])
+        rows[r] = _spoilt(rng, rows[r])
+    outcome = _both(_fed(rows), monkeypatch)
+    assert outcome[0] == "error" or sum(len(f) for f in outcome[1]) > 0
+
+
+@needs_native
+def test_an_error_in_the_users_map_reaches_the_feed_task_from_any_row():
+    from tfonspark.executor.feeder import Feeder
+
+    def rows() -> Any:
+        for i in range(500):
+            if i == 300:
+                raise ZeroDivisionError("the user's map failed at row 300")
+            yield ([1.0] * 8, i)
+
+    source = rows()
+    with pytest.raises(ZeroDivisionError, match="row 300"):
+        list(Feeder._row_batches(0, source))
+
+
+@needs_native
+def test_fill_frame_keeps_reference_counts_and_checks_its_arguments():
+    rows = [([0.5, 2.0], i) for i in range(10)]
+    values = [sys.getrefcount(r) for r in rows]
+    plan = codec.row_plan(pack_rows(rows[:2]), rows[0])
+    assert plan is not None
+    columns = [np.zeros((4, 2)), np.zeros(4, np.int64)]
+    keep: list[Any] = []
+    source = iter([*rows[:3], ("odd", 3), *rows[4:]])
+    end, leftover = codec.fill_frame(source, plan, columns, (0, 4), keep)
+    assert (end, leftover, keep) == (3, (("odd", 3),), rows[:3])
+    assert columns[1][:3].tolist() == [0, 1, 2] and columns[0][:3].tolist() == [[0.5, 2.0]] * 3
+    del keep, leftover
+    assert codec.fill_frame(source, plan, columns, (0, 4), []) == (4, None)  # rows 4-7
+    assert codec.fill_frame(source, plan, columns, (0, 4), []) == (2, None)  # rows 8-9: the end
+    assert [sys.getrefcount(r) for r in rows] == values
+    with pytest.raises(ValueError, match="too small"):
+        codec.fill_frame(iter(rows), plan, columns, (0, 5), [])
+    with pytest.raises(ValueError, match="bad"):
+        codec.native.fill_frame(rows, tuple, 2, None, plan.specs, 0, 4, [])  # a list, not an iterator
 
 
 @needs_native

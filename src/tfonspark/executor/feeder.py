@@ -25,7 +25,17 @@ from ..gcpause import paused
 from ..host import executor_key
 from ..wire import messages as m
 from ..wire.arrow import arrow_to_columns, columns_to_arrow
-from ..wire.codec import BATCH_KIND, ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
+from ..wire.codec import (
+    BATCH_KIND,
+    ColumnBatch,
+    RowPlan,
+    Scratch,
+    decode_batch,
+    encode_batch,
+    fill_frame,
+    pack_rows,
+    row_plan,
+)
 from ..wire.framing import Connection, connect, connect_unix
 from ..wire.pickled import PickledRows
 
@@ -135,7 +145,8 @@ class Feeder:
     @staticmethod
     def _row_batches(partition: int, rows: Iterator[Any], first_row: int = 0) -> Iterator[ColumnBatch]:
         """Pack rows into batches of about 4 MB, from chunks of at most 32,768 Python values;
-        a small first chunk measures the row size.
+        a small first chunk measures the row size. Chunks of rows like the first (numbers, flat
+        lists/tuples of numbers, arrays) are packed row by row as the rows come (:func:`_frames`).
 
         Columns reuse buffers (:class:`Scratch`): each batch must be sent before the next is
         asked for.
@@ -152,9 +163,10 @@ class Feeder:
         per_row = max(head.nbytes // head.count, 1)
         frame_rows = max(1, min(65536, _TARGET_BYTES // per_row))
         size = max(1, min(frame_rows, _CHUNK_VALUES // values))
+        plan = row_plan(head, first[0])
         del first
         yield head
-        yield from _frames(partition, rows, first_row + head.count, size, frame_rows)
+        yield from _frames(partition, rows, first_row + head.count, (size, frame_rows), plan)
 
     # ---- training ----------------------------------------------------------------------------
     def _send_partition(
@@ -359,17 +371,27 @@ def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBa
         yield _joined(pending, scratch)
 
 
-def _frames(partition: int, rows: Iterator[Any], first_row: int, size: int, frame_rows: int) -> Iterator[ColumnBatch]:
-    """``rows`` packed in chunks of ``size`` rows, joined into batches of ``frame_rows`` rows."""
+def _frames(
+    partition: int, rows: Iterator[Any], first_row: int, sizes: tuple[int, int], plan: RowPlan | None = None
+) -> Iterator[ColumnBatch]:
+    """``rows`` packed in chunks of ``size`` rows, joined into batches of ``frame_rows`` rows
+    (``sizes``); with ``plan``, chunks of rows like it row by row (:meth:`_Frames.stream`)."""
+    size, frame_rows = sizes
     frames = _Frames(partition, frame_rows, size)
     while True:
         # live row tuples would be traversed and promoted by every collection meanwhile (~1 us a
         # tabular row, a quarter of the feed); they hold no cycles and die right after packing
         with paused():
-            chunk = list(itertools.islice(rows, size))
-            done = not chunk
-            ready = frames.flush() if done else frames.add(chunk, first_row)
-            first_row += len(chunk)
+            count, chunk = frames.stream(rows, plan) if plan is not None and frames.streams(plan) else (0, [])
+            if chunk is None:  # packed as it came
+                first_row += count
+                done = count < size
+                ready = frames.flush() if done or frames.rows >= frame_rows else []
+            else:
+                chunk.extend(itertools.islice(rows, size - len(chunk)))
+                done = not chunk
+                ready = frames.flush() if done else frames.add(chunk, first_row)
+                first_row += len(chunk)
             del chunk  # the rows die here, by reference counting, before the GC runs again
         yield from ready
         if done:
@@ -377,8 +399,10 @@ def _frames(partition: int, rows: Iterator[Any], first_row: int, size: int, fram
 
 
 class _Frames:
-    """Chunks of rows packed one at a time into one reused :class:`Scratch` (it stays in the CPU
-    caches), each copied on into the frame being built (two more, used in turn).
+    """Chunks of rows packed into the frame being built (two, used in turn): row by row as they
+    come where the rows are like a :class:`RowPlan` (:meth:`stream`); else a chunk at a time
+    into one reused :class:`Scratch` (it stays in the CPU caches), then copied into the frame.
+    Frames, errors and their row numbers are the same either way.
 
     A chunk that does not pack like the first row of its frame (an ``InputError``, another
     layout or dtype) is packed again behind that row, as one chunk of both would be packed: the
@@ -388,12 +412,35 @@ class _Frames:
     """
 
     def __init__(self, partition: int, frame_rows: int, size: int) -> None:
-        self.partition, self.frame_rows, self.capacity = partition, frame_rows, frame_rows + size
+        self.partition, self.frame_rows, self.size, self.capacity = partition, frame_rows, size, frame_rows + size
         self.chunk, self.frame, self.other = Scratch(), Scratch(), Scratch()
         self.first: ColumnBatch | None = None  # the frame's first chunk, as packed
         self.columns: list[np.ndarray] = []  # the frame's columns, ``capacity`` rows each
         self.rows = 0
         self.ref: Any = None  # the frame's first row
+
+    def streams(self, plan: RowPlan) -> bool:
+        """The next chunk may be packed row by row: the frame is empty or laid out as ``plan``."""
+        return self.first is None or self.first is plan.like or _same_layout(self.first, plan.like)
+
+    def stream(self, rows: Iterator[Any], plan: RowPlan) -> tuple[int, list[Any] | None]:
+        """The next chunk pulled from ``rows``, each row packed into the frame as it comes (in the
+        CPU caches still, with no second copy), exactly as :meth:`add` would pack the chunk:
+        (rows packed, None), fewer than a chunk where ``rows`` ended; or, from a row it does not
+        handle, (0, the chunk's rows so far with that one), for :meth:`add` to pack as before."""
+        new = self.first is None
+        if new:
+            self._allocate(plan.like)
+        keep: list[Any] = []
+        end, leftover = fill_frame(rows, plan, self.columns, (self.rows, self.rows + self.size), keep)
+        if leftover is not None or not keep:  # a row for add(), or no rows left
+            if new:
+                self.first = None
+            return 0, None if leftover is None else [*keep, *leftover]
+        if new:
+            self.first, self.ref = plan.like, keep[0]
+        self.rows = end
+        return len(keep), None
 
     def add(self, chunk: list[Any], first_row: int) -> list[ColumnBatch]:
         """Pack ``chunk``; the frames now complete, to be sent before the next ``add``."""
@@ -411,15 +458,19 @@ class _Frames:
         ):
             return [*ready, batch]  # a frame already (array rows): sent before the next chunk reuses its memory
         if self.first is None:
+            self._allocate(batch)
             self.first, self.ref = batch, chunk[0]
-            self.columns = [
-                self.frame.buffer(j, self.capacity * col[0:1].nbytes).view(col.dtype).reshape(-1, *col.shape[1:])
-                for j, col in enumerate(batch.columns)
-            ]
         for dest, col in zip(self.columns, batch.columns):
             dest[self.rows : self.rows + len(col)] = col
         self.rows += batch.count
         return ready + self.flush() if self.rows >= self.frame_rows else ready
+
+    def _allocate(self, like: ColumnBatch) -> None:
+        """Columns for a new frame of ``like``'s dtypes and per-row shapes."""
+        self.columns = [
+            self.frame.buffer(j, self.capacity * col[0:1].nbytes).view(col.dtype).reshape(-1, *col.shape[1:])
+            for j, col in enumerate(like.columns)
+        ]
 
     def flush(self) -> list[ColumnBatch]:
         """The frame built so far (none if it is empty); valid until the next ``add``."""
