@@ -10,3 +10,30 @@ def number_code(value: Any, /) -> str | None:
 
 def empty_bytearray(size: int, /) -> bytearray:
     """A bytearray of ``size`` bytes whose contents are not set (the caller overwrites them)."""
+
+def pack_arrays(
+    out: Any,
+    rows: Any,
+    rowtype: type | None,
+    fields: int,
+    field: int,
+    arraytype: type,
+    fmt: str,
+    shape: tuple[int, ...],
+    /,
+) -> bool:
+    """One column of ``rows`` of equal C-contiguous arrays into ``out``; False where numpy must decide."""
+
+def fill_frame(
+    rows: Any,
+    rowtype: type | None,
+    fields: int,
+    names: list[str] | None,
+    specs: tuple[tuple[Any, ...], ...],
+    start: int,
+    stop: int,
+    keep: list[Any],
+    /,
+) -> tuple[int, tuple[Any] | None]:
+    """One chunk of rows pulled from the iterator ``rows``, each packed into the specs' buffers as
+    it comes and appended to ``keep``: (the row reached, (the first row it does not handle,) or None)."""
