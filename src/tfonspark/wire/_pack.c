@@ -185,27 +185,38 @@ pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
-/* The array of one row (rows were checked by the caller): its bytes into dst; -1 to fall back. */
+/* One column to pack: numbers (pack_column's) or arrays (pack_arrays'), and its buffer. */
+#define MAX_DIMS 64 /* numpy's most */
+
+typedef struct {
+    Py_ssize_t field, width, rowbytes, ndim;
+    int arrays, as_double;
+    PyObject *valuetype, *arraytype, *shape;
+    const char *fmt;
+    Py_ssize_t dims[MAX_DIMS];
+    Py_buffer out;
+} colspec;
+
+/* An array value's bytes into dst if it is exactly like the spec's; -1 (nothing counts) if not. */
 static int
-copy_array(PyObject *value, PyObject *arraytype, const char *fmt, PyObject *shape, Py_ssize_t nbytes, char *dst)
+copy_like(PyObject *value, const colspec *c, char *dst)
 {
     Py_buffer view;
-    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     int same;
 
-    if ((PyObject *)Py_TYPE(value) != arraytype) {
+    if ((PyObject *)Py_TYPE(value) != c->arraytype) {
         return -1;
     }
     if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear(); /* e.g. a strided view: numpy copies it */
+        PyErr_Clear(); /* e.g. a strided view */
         return -1;
     }
-    same = view.len == nbytes && view.ndim == ndim && strcmp(view.format ? view.format : "B", fmt) == 0;
-    for (Py_ssize_t d = 0; same && d < ndim; d++) {
-        same = view.shape[d] == PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+    same = view.len == c->rowbytes && view.ndim == c->ndim && strcmp(view.format ? view.format : "B", c->fmt) == 0;
+    for (Py_ssize_t d = 0; same && d < c->ndim; d++) {
+        same = view.shape[d] == c->dims[d];
     }
     if (same) {
-        memcpy(dst, view.buf, (size_t)nbytes);
+        memcpy(dst, view.buf, (size_t)c->rowbytes);
     }
     PyBuffer_Release(&view);
     return same ? 0 : -1;
@@ -217,6 +228,7 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t fields, field, nbytes = 1;
     Py_buffer out;
     int failed = 0;
+    colspec spec = {0};
 
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "pack_arrays(out, rows, rowtype, fields, field, arraytype, fmt, shape) takes 8 arguments");
@@ -243,9 +255,12 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             PyErr_SetString(PyExc_ValueError, "pack_arrays: bad shape");
             return NULL;
         }
+        if (d < MAX_DIMS) {
+            spec.dims[d] = size; /* converted once, not per row */
+        }
         nbytes *= size;
     }
-    if (!PyList_CheckExact(args[1]) && !PyTuple_CheckExact(args[1])) {
+    if ((!PyList_CheckExact(args[1]) && !PyTuple_CheckExact(args[1])) || PyTuple_GET_SIZE(shape) > MAX_DIMS) {
         Py_RETURN_FALSE;
     }
     if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
@@ -277,9 +292,14 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "pack_arrays: buffer too small for the rows");
         return NULL;
     }
+    spec.arrays = 1;
+    spec.fmt = fmt;
+    spec.arraytype = arraytype;
+    spec.ndim = PyTuple_GET_SIZE(shape);
+    spec.rowbytes = nbytes;
     for (Py_ssize_t r = 0; r < count && !failed; r++) {
         PyObject *value = value_of(items[r], rowtype, fields, field);
-        failed = value == NULL || copy_array(value, arraytype, fmt, shape, nbytes, (char *)out.buf + r * nbytes) < 0;
+        failed = value == NULL || copy_like(value, &spec, (char *)out.buf + r * nbytes) < 0;
     }
     PyBuffer_Release(&out);
     if (failed) {
@@ -317,17 +337,6 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
  * one; each row is owned (by keep) from when it is pulled; the buffers stay exported (not
  * resizable) for the whole call.
  */
-#define MAX_DIMS 32
-
-typedef struct {
-    Py_ssize_t field, width, rowbytes, ndim;
-    int arrays, as_double;
-    PyObject *valuetype, *arraytype, *shape;
-    const char *fmt;
-    Py_ssize_t dims[MAX_DIMS];
-    Py_buffer out;
-} colspec;
-
 static int
 parse_numbers(PyObject *spec, colspec *c)
 {
@@ -396,31 +405,6 @@ parse_spec(PyObject *spec, colspec *c, Py_ssize_t fields, Py_ssize_t stop)
         return -1;
     }
     return stop <= c->out.len / c->rowbytes ? 0 : -1;
-}
-
-/* An array value's bytes into dst if it is exactly like the spec's; -1 (nothing counts) if not. */
-static int
-copy_like(PyObject *value, const colspec *c, char *dst)
-{
-    Py_buffer view;
-    int same;
-
-    if ((PyObject *)Py_TYPE(value) != c->arraytype) {
-        return -1;
-    }
-    if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear(); /* e.g. a strided view */
-        return -1;
-    }
-    same = view.len == c->rowbytes && view.ndim == c->ndim && strcmp(view.format ? view.format : "B", c->fmt) == 0;
-    for (Py_ssize_t d = 0; same && d < c->ndim; d++) {
-        same = view.shape[d] == c->dims[d];
-    }
-    if (same) {
-        memcpy(dst, view.buf, (size_t)c->rowbytes);
-    }
-    PyBuffer_Release(&view);
-    return same ? 0 : -1;
 }
 
 /* A chunk's first value gives pack_rows this column's dtype and kind (see fill_frame): 0, or -1. */
