@@ -1,4 +1,5 @@
 /* Optional accelerator for tfonspark.wire.codec: one column of rows of Python numbers, packed;
+ * a chunk of rows packed into a frame as they are pulled from an iterator (fill_frame, below);
  * and, for tfonspark.wire.framing, receive buffers that are not zero-filled first.
  *
  * pack_column(out, rows, rowtype, fields, field, width, code) -> bool
