@@ -102,6 +102,25 @@ value_of(PyObject *row, PyObject *rowtype, Py_ssize_t fields, Py_ssize_t field)
     return NULL;
 }
 
+/* One value into dst: a number (width 0), or an exact list/tuple of `width` numbers; -1 to fall back. */
+static int
+pack_numbers(PyObject *value, Py_ssize_t width, int as_double, char *dst)
+{
+    if (width == 0) {
+        return pack_number(value, as_double, dst);
+    }
+    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != width) {
+        return -1;
+    }
+    PyObject **numbers = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; i < width; i++) {
+        if (pack_number(numbers[i], as_double, dst + i * 8) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Pack every row's value into buf (the caller checked its size); 0, or -1 to fall back. */
 static int
 pack_all(char *buf, PyObject *rows, PyObject *rowtype, Py_ssize_t fields, Py_ssize_t field, Py_ssize_t width,
@@ -112,24 +131,8 @@ pack_all(char *buf, PyObject *rows, PyObject *rowtype, Py_ssize_t fields, Py_ssi
 
     for (Py_ssize_t r = 0; r < count; r++) {
         PyObject *value = value_of(items[r], rowtype, fields, field);
-        if (value == NULL) {
+        if (value == NULL || pack_numbers(value, width, as_double, buf + r * (width > 0 ? width : 1) * 8) < 0) {
             return -1;
-        }
-        if (width == 0) {
-            if (pack_number(value, as_double, buf + r * 8) < 0) {
-                return -1;
-            }
-            continue;
-        }
-        if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != width) {
-            return -1;
-        }
-        PyObject **numbers = PySequence_Fast_ITEMS(value);
-        char *dst = buf + r * width * 8;
-        for (Py_ssize_t i = 0; i < width; i++) {
-            if (pack_number(numbers[i], as_double, dst + i * 8) < 0) {
-                return -1;
-            }
         }
     }
     return 0;
@@ -192,7 +195,7 @@ pack_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 typedef struct {
     Py_ssize_t field, width, rowbytes, ndim;
     int arrays, as_double;
-    PyObject *valuetype, *arraytype, *shape;
+    PyObject *valuetype, *arraytype;
     const char *fmt;
     Py_ssize_t dims[MAX_DIMS];
     Py_buffer out;
@@ -363,16 +366,16 @@ parse_arrays(PyObject *spec, colspec *c)
 {
     c->arrays = 1;
     c->fmt = PyUnicode_Check(PyTuple_GET_ITEM(spec, 2)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 2)) : NULL;
-    c->shape = PyTuple_GET_ITEM(spec, 3);
+    PyObject *shape = PyTuple_GET_ITEM(spec, 3);
     c->rowbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4));
     c->arraytype = PyTuple_GET_ITEM(spec, 5);
-    if (c->fmt == NULL || !PyTuple_Check(c->shape) || !PyType_Check(c->arraytype) || c->rowbytes <= 0 ||
-        PyTuple_GET_SIZE(c->shape) < 1 || PyTuple_GET_SIZE(c->shape) > MAX_DIMS) {
+    if (c->fmt == NULL || !PyTuple_Check(shape) || !PyType_Check(c->arraytype) || c->rowbytes <= 0 ||
+        PyTuple_GET_SIZE(shape) < 1 || PyTuple_GET_SIZE(shape) > MAX_DIMS) {
         return -1;
     }
-    c->ndim = PyTuple_GET_SIZE(c->shape);
+    c->ndim = PyTuple_GET_SIZE(shape);
     for (Py_ssize_t d = 0; d < c->ndim; d++) {
-        if ((c->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(c->shape, d))) < 0) {
+        if ((c->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d))) < 0) {
             return -1;
         }
     }
@@ -408,32 +411,46 @@ parse_spec(PyObject *spec, colspec *c, Py_ssize_t fields, Py_ssize_t stop)
     return stop <= c->out.len / c->rowbytes ? 0 : -1;
 }
 
+/* numpy's dtype for a non-empty exact list or tuple of floats (float subclasses too) and exact
+ * ints within int64: 1 float64 (any float), 0 int64, -1 anything else (bools, other types,
+ * bigger ints, nesting, empty: numpy decides). Reads no more than it must. */
+static int
+sequence_code(PyObject *value)
+{
+    int any_float = 0;
+
+    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) == 0) {
+        return -1;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    PyObject **items = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *v = items[i];
+        if (PyFloat_Check(v)) {
+            any_float = 1;
+            continue;
+        }
+        int overflow = 0;
+        if (!PyLong_CheckExact(v)) {
+            return -1;
+        }
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return any_float;
+}
+
 /* A chunk's first value gives pack_rows this column's dtype and kind (see fill_frame): 0, or -1. */
 static int
 sets_layout(PyObject *value, const colspec *c)
 {
-    int any_float = 0, overflow = 0;
-
     if (c->width == 0) {
         return (c->as_double ? PyFloat_CheckExact(value) : PyLong_CheckExact(value)) ? 0 : -1;
     }
-    if ((PyObject *)Py_TYPE(value) != c->valuetype) {
-        return -1;
-    }
-    PyObject **items = PySequence_Fast_ITEMS(value);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
-        if (PyFloat_Check(items[i])) {
-            any_float = 1;
-        }
-        else if (!PyLong_CheckExact(items[i])) {
-            return -1;
-        }
-        else if (PyLong_AsLongLongAndOverflow(items[i], &overflow) == -1 && (overflow || PyErr_Occurred())) {
-            PyErr_Clear(); /* beyond int64: number_code leaves it to numpy */
-            return -1;
-        }
-    }
-    return any_float == c->as_double ? 0 : -1;
+    return (PyObject *)Py_TYPE(value) == c->valuetype && sequence_code(value) == c->as_double ? 0 : -1;
 }
 
 /* One row's value of one column into row r of its buffer; -1 where the row is left over. */
@@ -452,19 +469,7 @@ pack_value(PyObject *row, PyObject *rowtype, Py_ssize_t fields, const colspec *c
     if (first && sets_layout(value, c) < 0) {
         return -1;
     }
-    if (c->width == 0) {
-        return pack_number(value, c->as_double, dst);
-    }
-    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != c->width) {
-        return -1;
-    }
-    PyObject **numbers = PySequence_Fast_ITEMS(value);
-    for (Py_ssize_t i = 0; i < c->width; i++) {
-        if (pack_number(numbers[i], c->as_double, dst + i * 8) < 0) {
-            return -1;
-        }
-    }
-    return 0;
+    return pack_numbers(value, c->width, c->as_double, dst);
 }
 
 /* A Row's field names are the frame's (rows of other tuple subclasses: getattr(row, "__fields__",
@@ -581,37 +586,16 @@ done:
     return result;
 }
 
-/* number_code(value) -> "d", "q" or None: the code of numpy's dtype for a non-empty exact list
- * or tuple of floats (float subclasses too) and exact ints within int64: float64 ("d") if any is
- * a float, else int64 ("q"), as np.asarray(value) gives; None for anything else (bools, other
- * types, bigger ints, nesting, empty), where the caller asks numpy. Reads no more than it must. */
+/* number_code(value) -> "d", "q" or None: sequence_code's answer (above), the code of numpy's
+ * dtype for a flat list or tuple of numbers; None where the caller asks numpy. */
 static PyObject *
 number_code(PyObject *Py_UNUSED(module), PyObject *value)
 {
-    int any_float = 0;
-
-    if ((!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) == 0) {
+    int code = sequence_code(value);
+    if (code < 0) {
         Py_RETURN_NONE;
     }
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
-    PyObject **items = PySequence_Fast_ITEMS(value);
-    for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *v = items[i];
-        if (PyFloat_Check(v)) {
-            any_float = 1;
-            continue;
-        }
-        int overflow = 0;
-        if (!PyLong_CheckExact(v)) {
-            Py_RETURN_NONE;
-        }
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow || (x == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-    }
-    return PyUnicode_FromString(any_float ? "d" : "q");
+    return PyUnicode_FromString(code ? "d" : "q");
 }
 
 /* empty_bytearray(n): a bytearray of n bytes whose contents are not set (bytearray(n) zero-fills
