@@ -386,7 +386,7 @@ def _frames(
             if chunk is None:  # packed as it came
                 first_row += count
                 done = count < size
-                ready = frames.flush() if done or frames.rows >= frame_rows else []
+                ready = frames.flush() if done else frames.full()
             else:
                 chunk.extend(itertools.islice(rows, size - len(chunk)))
                 done = not chunk
@@ -463,7 +463,11 @@ class _Frames:
         for dest, col in zip(self.columns, batch.columns):
             dest[self.rows : self.rows + len(col)] = col
         self.rows += batch.count
-        return ready + self.flush() if self.rows >= self.frame_rows else ready
+        return ready + self.full()
+
+    def full(self) -> list[ColumnBatch]:
+        """The frame, once it holds ``frame_rows`` rows (else none yet); valid until the next chunk."""
+        return self.flush() if self.rows >= self.frame_rows else []
 
     def _allocate(self, like: ColumnBatch) -> None:
         """Columns for a new frame of ``like``'s dtypes and per-row shapes."""
