@@ -264,25 +264,53 @@ def test_an_error_in_the_users_map_reaches_the_feed_task_from_any_row():
 
 
 @needs_native
-def test_fill_frame_keeps_reference_counts_and_checks_its_arguments():
+def test_fill_frame_drops_each_row_it_packs_and_checks_its_arguments():
     rows = [([0.5, 2.0], i) for i in range(10)]
     values = [sys.getrefcount(r) for r in rows]
     plan = codec.row_plan(pack_rows(rows[:2]), rows[0])
     assert plan is not None
-    columns = [np.zeros((4, 2)), np.zeros(4, np.int64)]
-    keep: list[Any] = []
-    source = iter([*rows[:3], ("odd", 3), *rows[4:]])
-    end, leftover = codec.fill_frame(source, plan, columns, (0, 4), keep)
-    assert (end, leftover, keep) == (3, (("odd", 3),), rows[:3])
+    columns = [np.zeros((8, 2)), np.zeros(8, np.int64)]
+    marker = float("0.5")  # one object in every row made below: its count says which rows live
+
+    def fresh() -> Any:
+        for i in range(10):
+            yield ("odd", 3) if i == 3 else ([marker, 2.0], i)
+
+    alone = sys.getrefcount(marker)
+    source = fresh()
+    end, leftover = codec.fill_frame(source, plan, columns, (0, 4), 2)
+    assert (end, leftover) == (3, (("odd", 3),))
+    assert sys.getrefcount(marker) == alone  # rows 0-2 were packed and dropped
     assert columns[1][:3].tolist() == [0, 1, 2] and columns[0][:3].tolist() == [[0.5, 2.0]] * 3
-    del keep, leftover
-    assert codec.fill_frame(source, plan, columns, (0, 4), []) == (4, None)  # rows 4-7
-    assert codec.fill_frame(source, plan, columns, (0, 4), []) == (2, None)  # rows 8-9: the end
+    assert codec.rebuilt_rows(plan, columns, 2, 3) == [([0.5, 2.0], 2)]  # the chunk's rows before "odd"
+    assert codec.fill_frame(source, plan, columns, (4, 8), 2) == (8, None)  # rows 4-7
+    assert codec.fill_frame(source, plan, columns, (0, 4), 2) == (2, None)  # rows 8-9: the end
+    assert sys.getrefcount(marker) == alone
     assert [sys.getrefcount(r) for r in rows] == values
     with pytest.raises(ValueError, match="too small"):
-        codec.fill_frame(iter(rows), plan, columns, (0, 5), [])
+        codec.fill_frame(iter(rows), plan, columns, (0, 9), 2)
     with pytest.raises(ValueError, match="bad"):
-        codec.native.fill_frame(rows, tuple, 2, None, plan.specs, 0, 4, [])  # a list, not an iterator
+        codec.native.fill_frame(rows, tuple, 2, None, plan.specs, 0, 4, 2)  # a list, not an iterator
+    with pytest.raises(ValueError, match="bad"):
+        codec.fill_frame(iter(rows), plan, columns, (1, 4), 2)  # not at a chunk's start
+
+
+def test_rebuilt_rows_pack_as_the_rows_did():
+    from pyspark.sql import Row
+
+    named = Row(features=[1.0, 2], label=3)
+    for first in (([1.0, 2], 3), [(1.5, -2.0), 3], named, Point(1.0, 2), 2.5, 7, (np.arange(4.0), 1), np.ones((2, 3))):
+        rows = [first] * 5
+        batch = pack_rows(rows)
+        plan = codec.row_plan(batch, first)
+        if codec.native is None:
+            assert plan is None
+            continue
+        assert plan is not None, first
+        rebuilt = codec.rebuilt_rows(plan, batch.columns, 1, 4)
+        assert len(rebuilt) == 3 and type(rebuilt[0]) is type(first)
+        assert _frames([pack_rows(rebuilt)]) == _frames([pack_rows(rows[1:4])])
+        assert getattr(rebuilt[0], "__fields__", None) == getattr(first, "__fields__", None)
 
 
 @needs_native

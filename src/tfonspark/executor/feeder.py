@@ -34,6 +34,7 @@ from ..wire.codec import (
     encode_batch,
     fill_frame,
     pack_rows,
+    rebuilt_rows,
     row_plan,
 )
 from ..wire.framing import Connection, connect, connect_unix
@@ -382,20 +383,26 @@ def _frames(
         # live row tuples would be traversed and promoted by every collection meanwhile (~1 us a
         # tabular row, a quarter of the feed); they hold no cycles and die right after packing
         with paused():
-            count, chunk = frames.stream(rows, plan) if plan is not None and frames.streams(plan) else (0, [])
-            if chunk is None:  # packed as it came
-                first_row += count
-                done = count < size
+            count, chunk, ended = (
+                frames.stream(rows, plan) if plan is not None and frames.streams(plan) else (0, [], False)
+            )
+            first_row += count
+            if chunk is None:  # packed as they came, up to a full frame or the end of the rows
+                done = ended
                 ready = frames.flush() if done else frames.full()
             else:
                 chunk.extend(itertools.islice(rows, size - len(chunk)))
-                done = not chunk
-                ready = frames.flush() if done else frames.add(chunk, first_row)
+                done = len(chunk) < size  # the rows ended: the frame ends here too
+                ready = frames.add(chunk, first_row) if chunk else []
+                ready += frames.flush() if done else []
                 first_row += len(chunk)
             del chunk  # the rows die here, by reference counting, before the GC runs again
         yield from ready
         if done:
             return
+
+
+_FROM_COLUMNS = object()  # a frame's first row, packed as it came: rebuilt from the frame if needed
 
 
 class _Frames:
@@ -417,30 +424,31 @@ class _Frames:
         self.first: ColumnBatch | None = None  # the frame's first chunk, as packed
         self.columns: list[np.ndarray] = []  # the frame's columns, ``capacity`` rows each
         self.rows = 0
-        self.ref: Any = None  # the frame's first row
+        self.ref: Any = None  # the frame's first row (or _FROM_COLUMNS: rebuilt by ``plan``)
+        self.plan: RowPlan | None = None
 
     def streams(self, plan: RowPlan) -> bool:
         """The next chunk may be packed row by row: the frame is empty or laid out as ``plan``."""
         return self.first is None or self.first is plan.like or _same_layout(self.first, plan.like)
 
-    def stream(self, rows: Iterator[Any], plan: RowPlan) -> tuple[int, list[Any] | None]:
-        """The next chunk pulled from ``rows``, each row packed into the frame as it comes (in the
-        CPU caches still, with no second copy), exactly as :meth:`add` would pack the chunk:
-        (rows packed, None), fewer than a chunk where ``rows`` ended; or, from a row it does not
-        handle, (0, the chunk's rows so far with that one), for :meth:`add` to pack as before."""
+    def stream(self, rows: Iterator[Any], plan: RowPlan) -> tuple[int, list[Any] | None, bool]:
+        """Rows pulled from ``rows`` into the frame until it is full, each packed as it comes (in
+        the CPU caches still, with no second copy) and dropped, exactly as :meth:`add` would pack
+        them chunk by chunk: (rows packed, None, whether ``rows`` ended); or, from a row it does
+        not handle, (the whole chunks packed before it, that row's chunk so far with that row,
+        False), for :meth:`add` to pack as before."""
         new = self.first is None
         if new:
             self._allocate(plan.like)
-        keep: list[Any] = []
-        end, leftover = fill_frame(rows, plan, self.columns, (self.rows, self.rows + self.size), keep)
-        if leftover is not None or not keep:  # a row for add(), or no rows left
-            if new:
-                self.first = None
-            return 0, None if leftover is None else [*keep, *leftover]
-        if new:
-            self.first, self.ref = plan.like, keep[0]
-        self.rows = end
-        return len(keep), None
+        start, stop = self.rows, -(-self.frame_rows // self.size) * self.size
+        end, leftover = fill_frame(rows, plan, self.columns, (start, stop), self.size)
+        done = end - end % self.size if leftover is not None else end  # whole chunks, or all rows
+        if new and done > 0:
+            self.first, self.ref, self.plan = plan.like, _FROM_COLUMNS, plan
+        self.rows = done
+        if leftover is None:
+            return done - start, None, end < stop
+        return done - start, [*rebuilt_rows(plan, self.columns, done, end), *leftover], False
 
     def add(self, chunk: list[Any], first_row: int) -> list[ColumnBatch]:
         """Pack ``chunk``; the frames now complete, to be sent before the next ``add``."""
@@ -487,8 +495,11 @@ class _Frames:
 
     def _recheck(self, chunk: list[Any], first_row: int) -> None:
         """Raise the ``InputError`` of the frame's first row and ``chunk`` packed as one chunk."""
-        if self.ref is not None:
-            pack_rows([self.ref, *chunk], self.partition, first_row - 1)
+        ref = self.ref
+        if ref is _FROM_COLUMNS and self.plan is not None:
+            ref = rebuilt_rows(self.plan, self.columns, 0, 1)[0]
+        if ref is not None:
+            pack_rows([ref, *chunk], self.partition, first_row - 1)
 
 
 def _same_layout(a: ColumnBatch, b: ColumnBatch) -> bool:

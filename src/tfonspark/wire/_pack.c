@@ -1,5 +1,5 @@
 /* Optional accelerator for tfonspark.wire.codec: one column of rows of Python numbers, packed;
- * a chunk of rows packed into a frame as they are pulled from an iterator (fill_frame, below);
+ * chunks of rows packed into a frame as they are pulled from an iterator (fill_frame, below);
  * and, for tfonspark.wire.framing, receive buffers that are not zero-filled first.
  *
  * pack_column(out, rows, rowtype, fields, field, width, code) -> bool
@@ -312,24 +312,26 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
-/* fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) -> (end, leftover)
+/* fill_frame(rows, rowtype, fields, names, specs, start, stop, size) -> (end, leftover)
  *
- * One chunk of a frame, packed row by row as rows come: pulls rows from the iterator `rows`
- * and packs each at once, while its objects are still in the CPU caches, into rows start,
- * start+1, ... of the columns' buffers, appending it to the list `keep`. Stops at row `stop`,
+ * Chunks of `size` rows of a frame, packed row by row as rows come: pulls rows from the
+ * iterator `rows` and packs each at once, while its objects are still in the CPU caches, into
+ * rows start, start+1, ... of the columns' buffers, then drops it (Spark's own loop frees a row
+ * as soon as it is used; a row kept longer is freed out of the caches). Stops at row `stop`,
  * when the iterator ends (leftover None), or at the first row it does not handle: leftover is
- * (that row,) (not packed, not in keep: a row may be None), end its index; the caller then packs keep + leftover +
- * the rest of the chunk as one chunk, which decides it as before. Exceptions from the
- * iterator (a user's map function) propagate.
+ * (that row,) (not packed: a row may be None), end its index. The caller then packs the rows
+ * of that row's chunk (rebuilt from the columns: codec.rebuilt_rows), the row and the rest of
+ * the chunk as one chunk, which decides it as before. Exceptions from the iterator (a user's
+ * map function) propagate.
  *
  * Rows are handled exactly where pack_rows, given the chunk, would pack them into the specs'
  * columns, dtypes, shapes and kinds, so frames are the same as chunk by chunk:
- * - the chunk's first row (the first pulled) sets a chunk's layout there: it must be of exactly
- *   `rowtype` with `fields` items and, for a rowtype other than list and tuple (pyspark's Row),
- *   `__fields__` equal to `names` (None: none); a number exactly a float ("d") or an int ("q");
- *   a list/tuple of numbers exactly of `valuetype`, of floats (or subclasses) and exact ints
- *   within int64, with a float iff "d" (number_code's rule);
- * - every later row is handled as pack_column/pack_arrays handle it.
+ * - a chunk's first row (row r with r % size == 0) sets a chunk's layout there: it must be of
+ *   exactly `rowtype` with `fields` items and, for a rowtype other than list and tuple
+ *   (pyspark's Row), `__fields__` equal to `names` (None: none); a number exactly a float ("d")
+ *   or an int ("q"); a list/tuple of numbers exactly of `valuetype`, of floats (or subclasses)
+ *   and exact ints within int64, with a float iff "d" (number_code's rule);
+ * - every later row of a chunk is handled as pack_column/pack_arrays handle it.
  *
  *   specs  a tuple of column specs, one per column:
  *          (field, 0, width, code, valuetype, out): numbers; width 0: one a row
@@ -337,9 +339,8 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
  *          field -1: the row is the value itself
  *   out    a writable C-contiguous buffer of at least `stop` rows of the column
  *
- * Safety: Python code (the iterator, a Row's attributes) runs between packings, never during
- * one; each row is owned (by keep) from when it is pulled; the buffers stay exported (not
- * resizable) for the whole call.
+ * Safety: Python code (the iterator, a Row's attributes, a row's deallocation) runs between
+ * packings, never during one; the buffers stay exported (not resizable) for the whole call.
  */
 static int
 parse_numbers(PyObject *spec, colspec *c)
@@ -498,13 +499,13 @@ same_names(PyObject *row, PyObject *rowtype, PyObject *names)
 }
 
 typedef struct {
-    PyObject *rowtype, *names, *keep;
-    Py_ssize_t fields, ncols;
+    PyObject *rowtype, *names;
+    Py_ssize_t fields, ncols, size;
     colspec *cols;
 } chunk;
 
 /* Rows start.. into the columns; the index reached, *leftover the row not handled (or NULL);
- * -1 with an exception set where the iterator (or keep) failed. */
+ * -1 with an exception set where the iterator failed. */
 static Py_ssize_t
 fill_rows(PyObject *rows, const chunk *k, Py_ssize_t start, Py_ssize_t stop, PyObject **leftover)
 {
@@ -514,19 +515,19 @@ fill_rows(PyObject *rows, const chunk *k, Py_ssize_t start, Py_ssize_t stop, PyO
         if (row == NULL) {
             return PyErr_Occurred() ? -1 : r;
         }
-        int ok = r > start || same_names(row, k->rowtype, k->names);
+        int first = r % k->size == 0;
+        int ok = !first || same_names(row, k->rowtype, k->names);
         for (Py_ssize_t j = 0; ok == 1 && j < k->ncols; j++) {
-            ok = pack_value(row, k->rowtype, k->fields, &k->cols[j], r, r == start) == 0;
+            ok = pack_value(row, k->rowtype, k->fields, &k->cols[j], r, first) == 0;
         }
         if (ok == 0) {
             *leftover = row; /* the caller's reference now */
             return r;
         }
-        if (ok < 0 || PyList_Append(k->keep, row) < 0) {
-            Py_DECREF(row);
+        Py_DECREF(row); /* packed: freed now, as Spark's own loop would */
+        if (ok < 0) {
             return -1;
         }
-        Py_DECREF(row); /* keep holds it */
     }
     return stop;
 }
@@ -540,21 +541,21 @@ fill_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) takes 8 arguments");
+                        "fill_frame(rows, rowtype, fields, names, specs, start, stop, size) takes 8 arguments");
         return NULL;
     }
     PyObject *rows = args[0], *specs = args[4];
     k.rowtype = args[1];
     k.names = args[3];
-    k.keep = args[7];
     k.fields = PyLong_AsSsize_t(args[2]);
     start = PyLong_AsSsize_t(args[5]);
     stop = PyLong_AsSsize_t(args[6]);
+    k.size = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred() || !PyIter_Check(rows) || !PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) == 0 ||
-        !PyList_CheckExact(k.keep) || (k.names != Py_None && !PyList_CheckExact(k.names)) || start < 0 ||
-        stop < start || k.fields < 0) {
+        (k.names != Py_None && !PyList_CheckExact(k.names)) || start < 0 || stop < start || k.fields < 0 ||
+        k.size < 1 || start % k.size != 0) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "fill_frame: bad rows, fields, names, specs, start, stop or keep");
+        PyErr_SetString(PyExc_ValueError, "fill_frame: bad rows, fields, names, specs, start, stop or size");
         return NULL;
     }
     k.ncols = PyTuple_GET_SIZE(specs);
@@ -619,7 +620,7 @@ static PyMethodDef methods[] = {
     {"empty_bytearray", empty_bytearray, METH_O,
      "empty_bytearray(n) -> bytearray of n bytes, contents not set: the caller overwrites them."},
     {"fill_frame", (PyCFunction)(void (*)(void))fill_frame, METH_FASTCALL,
-     "fill_frame(rows, rowtype, fields, names, specs, start, stop, keep) -> (end, leftover): one chunk "
+     "fill_frame(rows, rowtype, fields, names, specs, start, stop, size) -> (end, leftover): chunks "
      "of rows pulled from an iterator, each packed at once; leftover: (the first row it does not handle,)."},
     {"number_code", number_code, METH_O,
      "number_code(value) -> 'd', 'q' or None: numpy's float64/int64 for a flat list/tuple of numbers."},

@@ -32,8 +32,8 @@ def fill_frame(
     specs: tuple[tuple[Any, ...], ...],
     start: int,
     stop: int,
-    keep: list[Any],
+    size: int,
     /,
 ) -> tuple[int, tuple[Any] | None]:
-    """One chunk of rows pulled from the iterator ``rows``, each packed into the specs' buffers as
-    it comes and appended to ``keep``: (the row reached, (the first row it does not handle,) or None)."""
+    """Chunks of ``size`` rows pulled from the iterator ``rows``, each row packed into the specs'
+    buffers as it comes, then dropped: (the row reached, (the first row it does not handle,) or None)."""

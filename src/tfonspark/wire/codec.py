@@ -538,17 +538,49 @@ def _value_spec(column: Any, value: Any) -> tuple[Any, ...] | None:
 
 
 def fill_frame(
-    rows: Any, plan: RowPlan, columns: list[np.ndarray], span: tuple[int, int], keep: list[Any]
+    rows: Any, plan: RowPlan, columns: list[np.ndarray], span: tuple[int, int], size: int
 ) -> tuple[int, tuple[Any] | None]:
-    """One chunk of rows pulled from the iterator ``rows`` into rows ``span`` of ``columns``
-    (laid out as ``plan.like``'s), each packed as it comes and appended to ``keep``, exactly
-    where :func:`pack_rows` of the chunk would pack it so: (the row reached, the first row it
-    does not handle, in a 1-tuple: a row may be None; or None). That row and ``keep`` are then
-    packed as one chunk."""
+    """Chunks of ``size`` rows pulled from the iterator ``rows`` into rows ``span`` of ``columns``
+    (laid out as ``plan.like``'s), each row packed as it comes, exactly where :func:`pack_rows` of
+    its chunk would pack it, then dropped: (the row reached, the first row it does not handle, in
+    a 1-tuple: a row may be None; or None). That row's chunk is then packed as one chunk: its
+    rows so far from :func:`rebuilt_rows`, that row and the rest."""
     specs = tuple((*spec, column) for spec, column in zip(plan.specs, columns, strict=True))
     names = plan.like.names if plan.rowtype is not None else None
-    end, leftover = native.fill_frame(rows, plan.rowtype, plan.fields, names, specs, *span, keep)
+    end, leftover = native.fill_frame(rows, plan.rowtype, plan.fields, names, specs, *span, size)
     return end, leftover
+
+
+def rebuilt_rows(plan: RowPlan, columns: list[np.ndarray], start: int, end: int) -> list[Any]:
+    """Rows ``start:end`` of frame columns that :func:`fill_frame` packed, as rows that pack the
+    same way, with any row after them, as the rows it was given: of the plan's row type (a
+    ``Row`` with its field names), its lists/tuples of Python numbers of each column's dtype (a
+    float where it was an int in a float64 column: the same float64) and arrays of its dtype."""
+    values = [_rebuilt_values(spec, column[start:end]) for spec, column in zip(plan.specs, columns, strict=True)]
+    if plan.rowtype is None:
+        return values[0]
+    if plan.rowtype is list:
+        return [list(row) for row in zip(*values)]
+    if plan.rowtype is tuple:
+        return list(zip(*values))
+    if not plan.like.names:
+        return [plan.rowtype(*row) for row in zip(*values)]
+    rows = []
+    for row in zip(*values):  # pyspark's Row: a tuple whose __fields__ name its values
+        rebuilt: Any = tuple.__new__(plan.rowtype, row)
+        rebuilt.__fields__ = list(plan.like.names)
+        rows.append(rebuilt)
+    return rows
+
+
+def _rebuilt_values(spec: tuple[Any, ...], column: np.ndarray) -> list[Any]:
+    """One column's values as :func:`fill_frame` took them (see :func:`_value_spec`)."""
+    if spec[1] == 1:  # arrays
+        return list(column.copy())
+    if spec[2] == 0:  # one number a row
+        return column.tolist()  # type: ignore[no-any-return]
+    valuetype = spec[4]
+    return column.tolist() if valuetype is list else [valuetype(v) for v in column.tolist()]
 
 
 def pack_rows(
