@@ -23,7 +23,8 @@ from tfonspark.tfprocess.context import NodeContext
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import PARTITIONS_AHEAD, FeedServer
 from tfonspark.wire import messages as m
-from tfonspark.wire.framing import connect
+from tfonspark.wire import ring
+from tfonspark.wire.framing import Connection, connect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -200,6 +201,29 @@ def test_batches_the_consumer_keeps_stay_intact_while_frames_are_reused(make_ser
         assert (features == ids[:, None].astype(np.float32)).all()
     assert sum(len(ids) for ids, _ in kept) > 5000
     assert 0 < server._buffers.nbytes <= 16 * MB
+
+
+def test_same_host_training_frames_go_through_shared_memory(make_server, transport, monkeypatch):
+    """Over the Unix socket, training frames are copied through the feeder's ring (wire/ring.py),
+    not the socket; rows arrive intact, partitions fed at once each with a ring of their own."""
+    placed: list[int] = []
+    send_shared = Connection._send_shared
+
+    def spy(self: Connection, parts: Any, length: int) -> None:
+        placed.append(length)
+        send_shared(self, parts, length)
+
+    monkeypatch.setattr(Connection, "_send_shared", spy)
+    server = make_server(buffer_bytes=8 * MB)
+    partitions = {p: [(p * 100_000 + i, np.full(512, i, np.float64)) for i in range(4000)] for p in range(3)}
+    feeding = Bg(feed_all_then_close, server, feeder_for(server, transport=transport), partitions)
+    feed, seen = DataFeed(server, train_mode=True), 0
+    while (batch := feed.next_columns(1000)) is not None:
+        ids, features = batch.columns
+        assert (features == (ids % 100_000)[:, None]).all()
+        seen += batch.count
+    assert feeding.get() == {p: 4000 for p in partitions} and seen == 12_000
+    assert (sum(placed) > 3 * 4000 * 512 * 8 * 0.9) == (transport == "unix" and ring.supported())
 
 
 def test_next_batch_returns_lists_of_rows_and_a_short_last_batch(make_server):

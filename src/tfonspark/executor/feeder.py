@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import itertools
 import pickle
-import select
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -117,7 +116,7 @@ class _Link:
 
     def stop_requested(self) -> bool:
         """Non-blocking check for a Terminate from the node."""
-        if not self.terminated and select.select([self.conn.sock], [], [], 0)[0]:
+        if not self.terminated and self.conn.poll():
             msg = m.recv_message(self.conn, m.Terminate)
             self.terminated = isinstance(msg, m.Terminate)
         return self.terminated
@@ -194,6 +193,7 @@ class Feeder:
         # still becomes link.fail(...) (FeedTimeout naming the node) and the link is closed
         link = _Link(self, partition)
         try:
+            link.conn.offer_ring()  # same host: frames through shared memory (this thread alone sends, reads)
             count = self._send_partition(link, itertools.chain([first], batches), True)
             if link.terminated:
                 return count

@@ -26,24 +26,31 @@ same (and binds the channel kind, so a signed and an unsigned end cannot pair), 
 ``length(4) payload``. Per-frame tags guard a stream that crosses a network, where others can
 inject or alter bytes; a Unix socket's stream can only be written by the process holding the
 authenticated peer's end, and lives in a directory only the cluster's user can open. Signing
-would cost ~1.8 us per 3 KB row on each side, the largest single cost of a feed.
+would cost ~1.8 us per 3 KB row on each side, the largest single cost of a feed. On such a
+connection a sender may also pass a sealed memfd (:mod:`.ring`, :meth:`Connection.offer_ring`)
+and place large payloads there: the peer copies each out and frees its place, and neither
+side pays the kernel's two copies through the socket.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import hmac
 import os
+import select
 import socket
 import struct
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Union
 
 from ..errors import AuthenticationError, ProtocolError
+from . import ring
 
 __all__ = [
     "CLIENT_HELLO",
@@ -146,6 +153,35 @@ def _recv_exact(
             raise ConnectionResetError(f"peer closed the connection after {got} of {size} bytes")
         got += n
     return view
+
+
+#: room for the file descriptors one ``SCM_RIGHTS`` message may carry before it is refused
+_FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+def _recv_with_fds(sock: socket.socket, size: int) -> tuple[memoryview, list[int]]:
+    """``size`` bytes from a Unix socket and the file descriptors passed with them."""
+    view = memoryview(bytearray(size))
+    got, fds = 0, list[int]()
+    while got < size:
+        n, ancillary, flags, _ = sock.recvmsg_into([view[got:]], _FD_SPACE)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        if flags & getattr(socket, "MSG_CTRUNC", 0):
+            _close_all(fds)
+            raise ProtocolError("peer passed more file descriptors than a frame may carry")
+        if n == 0:
+            _close_all(fds)
+            raise ConnectionResetError(f"peer closed the connection after {got} of {size} bytes")
+        got += n
+    return view, fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _grow(view: memoryview, size: int) -> memoryview:
@@ -268,12 +304,36 @@ class Connection:
         self.buffers: RecvBuffers | None = None  # where large payloads are received, if set
         self._closed = False
         self._close_lock = threading.Lock()
+        self._ring: ring.SendRing | None = None  # large payloads go through shared memory (unsigned)
+        self._peer_ring: ring.RecvRing | None = None  # the peer's ring, once offered
+        self._inbox: deque[memoryview] = deque()  # payloads read while waiting for ring space
+
+    def offer_ring(self) -> bool:
+        """Send large payloads through shared memory from now on (:mod:`.ring`): on an unsigned
+        (same-host) connection whose sends and receives come from one thread, where sealed
+        memfds exist. True if it does."""
+        if self.signed or self._ring is not None:
+            return False
+        shared = ring.take_send_ring()
+        if shared is None:
+            return False
+        fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [shared.fd]))]
+        with self._send_lock:
+            data = ring.control(b"O", shared.capacity)
+            sent = self.sock.sendmsg([data], fds)
+            if sent < len(data):
+                self.sock.sendall(data[sent:])
+            self._ring = shared
+        return True
 
     def send(self, *parts: Buffer) -> None:
         """Send one frame whose payload is the concatenation of ``parts`` (no copy)."""
         length = sum(memoryview(p).nbytes for p in parts)
         if length > self.max_frame:
             raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
+        if self._ring is not None and ring.MIN_PAYLOAD <= length <= self._ring.capacity:
+            self._send_shared(parts, length)
+            return
         header = _HEADER.pack(length)
         with self._send_lock:
             if self.signed:
@@ -286,10 +346,50 @@ class Connection:
             for part in parts:
                 self.sock.sendall(part)
 
+    def _send_shared(self, parts: Sequence[Buffer], length: int) -> None:
+        """One payload through the ring, once the peer has freed its place; only its place
+        goes over the socket. Frames that arrive meanwhile wait for :meth:`recv`."""
+        shared = self._ring
+        assert shared is not None
+        with self._send_lock:
+            position, end = shared.place(length)
+            while not shared.fits(end):  # the peer frees places as it reads; socket timeout applies
+                payload = self._recv_frame()
+                if payload is not None:
+                    self._inbox.append(payload)
+            shared.write(position, [memoryview(p) for p in parts], end)
+            self.sock.sendall(ring.control(b"F", position, length))
+
+    def poll(self) -> bool:
+        """Whether a payload has arrived, without waiting for one (ring frames are handled)."""
+        while not self._inbox and select.select([self.sock], [], [], 0)[0]:
+            payload = self._recv_frame()
+            if payload is not None:
+                self._inbox.append(payload)
+        return bool(self._inbox)
+
     def recv(self) -> memoryview:
         """Receive one frame and return its verified payload."""
-        head = _recv_exact(self.sock, _HEADER.size + (TAG if self.signed else 0))
+        if self._inbox:
+            return self._inbox.popleft()
+        while True:
+            payload = self._recv_frame()
+            if payload is not None:
+                return payload
+
+    def _recv_frame(self) -> memoryview | None:
+        """One frame's payload, or None for a ring frame, handled here."""
+        if self.signed:
+            head = _recv_exact(self.sock, _HEADER.size + TAG)
+            fds: list[int] = []
+        else:
+            head, fds = _recv_with_fds(self.sock, _HEADER.size)
         (length,) = _HEADER.unpack_from(head)
+        if length & ring.FLAG and not self.signed:
+            return self._ring_frame(length & ~ring.FLAG, fds)
+        _close_all(fds)
+        if fds:
+            raise ProtocolError("peer passed file descriptors with a data frame")
         if length > self.max_frame:
             raise ProtocolError(f"peer announced a frame of {length} bytes; limit is {self.max_frame}")
         pool = self.buffers
@@ -305,6 +405,41 @@ class Connection:
         if not hmac.compare_digest(expected, bytes(head[_HEADER.size :])):
             raise AuthenticationError("frame signature invalid (forged, replayed or reordered frame)")
         self._in_seq += 1
+        return payload
+
+    def _ring_frame(self, size: int, fds: list[int]) -> memoryview | None:
+        """A ring control frame (see :mod:`.ring`): the payload it places, or None."""
+        try:
+            if size != ring.BODY.size:
+                raise ProtocolError(f"ring frame of {size} bytes")
+            kind, first, second = ring.BODY.unpack(_recv_exact(self.sock, size))
+            if kind == b"O" and len(fds) == 1 and self._peer_ring is None:
+                self._peer_ring = ring.RecvRing(fds.pop(), first)
+                return None
+            if fds:
+                raise ProtocolError(f"peer passed file descriptors with a ring frame {kind!r}")
+            if kind == b"R" and self._ring is not None:
+                self._ring.free(first)
+                return None
+            if kind == b"F" and self._peer_ring is not None:
+                return self._copy_out(self._peer_ring, first, second)
+            raise ProtocolError(f"unexpected ring frame {kind!r}")
+        finally:
+            _close_all(fds)
+
+    def _copy_out(self, shared: ring.RecvRing, position: int, length: int) -> memoryview:
+        """A payload from the peer's ring, into a buffer as :meth:`recv` would fill; its place freed."""
+        if length > self.max_frame:
+            raise ProtocolError(f"peer announced a frame of {length} bytes; limit is {self.max_frame}")
+        shared.check(position, length)  # before any memory is allocated for it
+        pool = self.buffers
+        into = pool.reuse(length) if pool is not None else None
+        payload = into if into is not None else memoryview(new_buffer(length))
+        end = shared.read(position, length, payload)
+        if pool is not None and into is None:
+            pool.adopt(payload.obj)  # type: ignore[arg-type]
+        with self._send_lock:
+            self.sock.sendall(ring.control(b"R", end))
         return payload
 
     def settimeout(self, timeout: float | None) -> None:
@@ -328,6 +463,10 @@ class Connection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        if self._ring is not None:
+            ring.return_send_ring(self._ring)  # kept for this process's next connection if idle
+        if self._peer_ring is not None:
+            self._peer_ring.close()
 
     def __enter__(self) -> Connection:
         return self

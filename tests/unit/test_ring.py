@@ -1,0 +1,252 @@
+"""Large frames through shared memory on a same-host (unsigned) connection: ``wire/ring.py``."""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import os
+import socket
+import struct
+import tempfile
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tfonspark.errors import ProtocolError
+from tfonspark.wire import framing as f
+from tfonspark.wire import ring
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not ring.supported(), reason="no sealed memfds on this platform"),
+]
+
+KEY = b"k" * 32
+KB = 1024
+
+
+@pytest.fixture(autouse=True)
+def small_ring(monkeypatch):
+    """A 256 KB ring, so that a few frames wrap it; no ring left over from another test."""
+    monkeypatch.setattr(ring, "CAPACITY", 256 * KB)
+    monkeypatch.setattr(ring, "_spare", [])
+
+
+@pytest.fixture
+def unix_pair():
+    """An unsigned server/client pair over a Unix socketpair (the handshake is tested elsewhere)."""
+    a, b = socket.socketpair()
+    server = f.Connection(a, KEY, False, signed=False)
+    client = f.Connection(b, KEY, True, signed=False)
+    server.settimeout(5)
+    client.settimeout(5)
+    yield server, client
+    server.close()
+    client.close()
+
+
+def _in_background(fn: Any) -> threading.Thread:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller through .errors
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _send_raw(sock: socket.socket, data: bytes, fd: int | None = None) -> None:
+    fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd is not None else []
+    sock.sendmsg([data], fds)
+
+
+def _memfd(size: int, seals: int = 0) -> int:
+    fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+# ---- the ring at work -------------------------------------------------------------------------
+
+
+def test_large_payloads_go_through_shared_memory_and_arrive_intact_in_order(unix_pair):
+    server, client = unix_pair
+    assert client.offer_ring()
+    sizes = [70 * KB, 200 * KB, 5, 100 * KB, 130 * KB, 64 * KB, 250 * KB, 300 * KB, 64 * KB - 1]
+    payloads = [os.urandom(n) for n in sizes * 3]  # wraps the 256 KB ring many times
+
+    def send() -> None:
+        for p in payloads:
+            client.send(p[:10], memoryview(p)[10:])  # parts, as encode_batch gives them
+
+    sender = _in_background(send)
+    got = [bytes(server.recv()) for _ in payloads]
+    sender.join(10)
+    assert not sender.errors and got == payloads
+    shared = client._ring
+    assert shared is not None
+    through_ring = sum(len(p) for p in payloads if ring.MIN_PAYLOAD <= len(p) <= shared.capacity)
+    assert shared.head >= through_ring > 0  # the 300 KB payloads and the small ones took the socket
+    assert shared.head > 3 * shared.capacity  # the sender waited for freed places, turn after turn
+
+
+def test_poll_applies_released_places_without_waiting_and_reports_a_message(unix_pair):
+    server, client = unix_pair
+    client.offer_ring()
+    client.send(os.urandom(100 * KB))
+    server.recv()  # copies the payload out and frees its place: an R frame waits for the client
+    time.sleep(0.05)
+    start = time.monotonic()
+    assert client.poll() is False  # the R frame was read, no payload is waiting
+    assert time.monotonic() - start < 1
+    assert client._ring is not None and client._ring.idle
+    server.send(b"terminate")
+    time.sleep(0.05)
+    assert client.poll() is True
+    assert bytes(client.recv()) == b"terminate"
+
+
+def test_a_message_that_comes_while_the_sender_waits_for_room_is_kept_for_recv(unix_pair):
+    server, client = unix_pair
+    client.offer_ring()
+    client.send(os.urandom(200 * KB))  # the ring is nearly full until the server reads it
+    sender = _in_background(lambda: client.send(os.urandom(200 * KB)))
+    time.sleep(0.1)
+    assert sender.is_alive()  # waiting for the first payload's place
+    server.send(b"pending")  # arrives while the sender reads the socket for R frames
+    assert len(server.recv()) == 200 * KB
+    assert len(server.recv()) == 200 * KB
+    sender.join(5)
+    assert not sender.errors
+    assert bytes(client.recv()) == b"pending"
+
+
+def test_a_sender_whose_receiver_reads_nothing_times_out(unix_pair):
+    server, client = unix_pair
+    client.offer_ring()
+    client.settimeout(0.3)
+    client.send(os.urandom(200 * KB))
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        client.send(os.urandom(200 * KB))
+    assert time.monotonic() - start < 3
+
+
+def test_an_idle_ring_serves_the_next_connection_and_a_busy_one_is_dropped():
+    def pair() -> tuple[f.Connection, f.Connection]:
+        a, b = socket.socketpair()
+        return f.Connection(a, KEY, False, signed=False), f.Connection(b, KEY, True, signed=False)
+
+    server, client = pair()
+    client.offer_ring()
+    first = client._ring
+    client.send(os.urandom(100 * KB))
+    server.recv()
+    assert client.poll() is False  # reads the R frame: the ring is idle
+    client.close()
+    server.close()
+    server, client = pair()
+    client.offer_ring()
+    assert client._ring is first  # its pages are in memory already
+    client.send(os.urandom(100 * KB))  # never read: the ring is still in use when closed
+    client.close()
+    server.close()
+    assert ring._spare == []
+    with pytest.raises(ValueError):
+        first.map[0:1]  # closed
+
+
+def test_signed_connections_never_use_a_ring():
+    a, b = socket.socketpair()
+    client = f.Connection(b, KEY, True, signed=True)
+    try:
+        assert client.offer_ring() is False
+    finally:
+        client.close()
+        a.close()
+
+
+# ---- what the receiver refuses ------------------------------------------------------------------
+
+
+def _refused(unix_pair: Any, data: bytes, fd: int | None = None, match: str = "") -> None:
+    server, client = unix_pair
+    before = _open_fds()
+    _send_raw(client.sock, data, fd)
+    if fd is not None:
+        os.close(fd)
+    with pytest.raises(ProtocolError, match=match):
+        server.recv()
+    assert _open_fds() == before - (1 if fd is not None else 0)  # nothing passed stays open
+
+
+def test_a_ring_that_may_shrink_is_refused(unix_pair):
+    _refused(unix_pair, ring.control(b"O", 64 * KB), _memfd(64 * KB), "shrink")
+
+
+def test_a_ring_larger_than_its_file_is_refused(unix_pair):
+    seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+    _refused(unix_pair, ring.control(b"O", 128 * KB), _memfd(64 * KB, seals), "ring of 131072 bytes")
+
+
+def test_a_file_that_is_not_a_sealed_memfd_is_refused(unix_pair):
+    with tempfile.TemporaryFile() as tmp:
+        tmp.truncate(64 * KB)
+        _refused(unix_pair, ring.control(b"O", 64 * KB), os.dup(tmp.fileno()), "shrink")
+
+
+def test_a_payload_placed_before_any_ring_is_refused(unix_pair):
+    _refused(unix_pair, ring.control(b"F", 0, 100), match="unexpected ring frame b'F'")
+
+
+def test_file_descriptors_passed_with_a_data_frame_are_closed_and_refused(unix_pair):
+    _refused(unix_pair, struct.pack(">I", 3) + b"abc", _memfd(4096), "file descriptors")
+
+
+def _ring_in_use(unix_pair: Any) -> None:
+    """The client's ring offered, and mapped by the server (which keeps a descriptor for it)."""
+    server, client = unix_pair
+    client.offer_ring()
+    client.send(os.urandom(100 * KB))
+    assert len(server.recv()) == 100 * KB
+
+
+def test_a_second_ring_is_refused(unix_pair):
+    _ring_in_use(unix_pair)
+    _refused(unix_pair, ring.control(b"O", 64 * KB), _memfd(64 * KB, fcntl.F_SEAL_SHRINK), "ring frame b'O'")
+
+
+@pytest.mark.parametrize(
+    ("position", "length", "match"),
+    [(450 * KB, 100 * KB, "within"), (512 * KB, 300 * KB, "within"), (-1, 10, None)],
+)
+def test_a_payload_outside_the_ring_is_refused(unix_pair, position, length, match):
+    _ring_in_use(unix_pair)
+    if position < 0:  # behind what the receiver already read
+        position, match = 0, "expected at least"
+    _refused(unix_pair, ring.control(b"F", position, length), match=match)
+
+
+def test_a_ring_frame_on_a_signed_connection_is_refused():
+    a, b = socket.socketpair()
+    server = f.Connection(a, KEY, False, signed=True)
+    try:
+        b.sendall(ring.control(b"O", 64 * KB)[:4] + bytes(f.TAG))
+        with pytest.raises(ProtocolError, match="exceeds|limit"):
+            server.recv()
+    finally:
+        server.close()
+        b.close()
