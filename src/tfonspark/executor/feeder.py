@@ -402,9 +402,6 @@ def _frames(
             return
 
 
-_FROM_COLUMNS = object()  # a frame's first row, packed as it came: rebuilt from the frame if needed
-
-
 class _Frames:
     """Chunks of rows packed into the frame being built (two, used in turn): row by row as they
     come where the rows are like a :class:`RowPlan` (:meth:`stream`); else a chunk at a time
@@ -424,8 +421,7 @@ class _Frames:
         self.first: ColumnBatch | None = None  # the frame's first chunk, as packed
         self.columns: list[np.ndarray] = []  # the frame's columns, ``capacity`` rows each
         self.rows = 0
-        self.ref: Any = None  # the frame's first row (or _FROM_COLUMNS: rebuilt by ``plan``)
-        self.plan: RowPlan | None = None
+        self.ref: Any = None  # the frame's first row
 
     def streams(self, plan: RowPlan) -> bool:
         """The next chunk may be packed row by row: the frame is empty or laid out as ``plan``."""
@@ -443,8 +439,8 @@ class _Frames:
         start, stop = self.rows, -(-self.frame_rows // self.size) * self.size
         end, leftover = fill_frame(rows, plan, self.columns, (start, stop), self.size)
         done = end - end % self.size if leftover is not None else end  # whole chunks, or all rows
-        if new and done > 0:
-            self.first, self.ref, self.plan = plan.like, _FROM_COLUMNS, plan
+        if new and done > 0:  # the frame's first row, for _recheck: rebuilt, as it was dropped
+            self.first, self.ref = plan.like, rebuilt_rows(plan, self.columns, 0, 1)[0]
         self.rows = done
         if leftover is None:
             return done - start, None, end < stop
@@ -495,11 +491,8 @@ class _Frames:
 
     def _recheck(self, chunk: list[Any], first_row: int) -> None:
         """Raise the ``InputError`` of the frame's first row and ``chunk`` packed as one chunk."""
-        ref = self.ref
-        if ref is _FROM_COLUMNS and self.plan is not None:
-            ref = rebuilt_rows(self.plan, self.columns, 0, 1)[0]
-        if ref is not None:
-            pack_rows([ref, *chunk], self.partition, first_row - 1)
+        if self.ref is not None:
+            pack_rows([self.ref, *chunk], self.partition, first_row - 1)
 
 
 def _same_layout(a: ColumnBatch, b: ColumnBatch) -> bool:

@@ -354,19 +354,21 @@ class Connection:
         with self._send_lock:
             position, end = shared.place(length)
             while not shared.fits(end):  # the peer frees places as it reads; socket timeout applies
-                payload = self._recv_frame()
-                if payload is not None:
-                    self._inbox.append(payload)
+                self._receive_aside()
             shared.write(position, [memoryview(p) for p in parts], end)
             self.sock.sendall(ring.control(b"F", position, length))
 
     def poll(self) -> bool:
         """Whether a payload has arrived, without waiting for one (ring frames are handled)."""
         while not self._inbox and select.select([self.sock], [], [], 0)[0]:
-            payload = self._recv_frame()
-            if payload is not None:
-                self._inbox.append(payload)
+            self._receive_aside()
         return bool(self._inbox)
+
+    def _receive_aside(self) -> None:
+        """Read one frame nobody asked for yet: a ring frame is handled, a payload kept for :meth:`recv`."""
+        payload = self._recv_frame()
+        if payload is not None:
+            self._inbox.append(payload)
 
     def recv(self) -> memoryview:
         """Receive one frame and return its verified payload."""
@@ -432,12 +434,8 @@ class Connection:
         if length > self.max_frame:
             raise ProtocolError(f"peer announced a frame of {length} bytes; limit is {self.max_frame}")
         shared.check(position, length)  # before any memory is allocated for it
-        pool = self.buffers
-        into = pool.reuse(length) if pool is not None else None
-        payload = into if into is not None else memoryview(new_buffer(length))
+        payload = self.buffers.take(length) if self.buffers is not None else memoryview(new_buffer(length))
         end = shared.read(position, length, payload)
-        if pool is not None and into is None:
-            pool.adopt(payload.obj)  # type: ignore[arg-type]
         with self._send_lock:
             self.sock.sendall(ring.control(b"R", end))
         return payload
