@@ -492,8 +492,9 @@ def add_run_args(p: Any, variants: list[str], batch_help: str) -> None:
         type=float,
         default=15.0,
         help="seconds of identical untimed jobs before each timed one (default 15): "
-        "the JVMs' JIT compilers take about that long to stop competing for the "
-        "cores, and until then the ratios depend on the order of the variants",
+        "the JVMs' JIT compilers compete for the cores most in the first seconds (and "
+        "until then the ratios depend on the order of the variants); they settle only "
+        "after about a minute of jobs",
     )
     p.add_argument(
         "--quick",
@@ -510,7 +511,7 @@ def quick_defaults(opts: Any, argv: list[str] | None, **values: Any) -> None:
     given = argv if argv is not None else sys.argv
     if opts.quick:
         for name, value in values.items():
-            if f"--{name}" not in given:
+            if f"--{name.replace('_', '-')}" not in given:
                 setattr(opts, name, value)
 
 

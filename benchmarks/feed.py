@@ -33,9 +33,9 @@ stops once the TF processes have *consumed* every row. tfonspark and plain Spark
 data ``--epochs`` times in one job (a union of the cached data, as ``train(num_epochs=...)``
 does), so that a job's fixed start-up cost does not decide the ratio; TFoS runs one epoch (its
 rows/s does not depend on it, and it is slow). Each timed job follows ``--warmup`` seconds of
-the identical job, untimed: a fresh JVM's JIT compilers take about that long to stop competing
-for the cores. Prints rows/s and CPU time per row (median of reps), their ratios, and Markdown
-tables.
+the identical job, untimed: a fresh JVM's JIT compilers compete for the cores most then (they
+settle after about a minute: the ``paired`` variant waits ``--paired-warmup``, default 60 s).
+Prints rows/s and CPU time per row (median of reps), their ratios, and Markdown tables.
 
     python benchmarks/feed.py                # defaults: about 10 minutes on 2 idle cores
     python benchmarks/feed.py --quick --variants rdd,df,plain
@@ -95,6 +95,11 @@ COLD_WARM_ROWS = 2000
 #: JVMs to compile their path from cached blocks to the Python workers before either side's
 #: 1st pass
 PAIRED_WARM_ROWS = 10_000
+#: seconds of untimed pairs before the paired variant's warm pairs. One executor JVM fed 60,000
+#: MNIST array rows a job, back to back, spent 9.2 CPU s compiling (``jstat -compiler``) in its
+#: first 15 s, 3.9 in the next 15, 2.0 and 2.9 after that, then 1.0-1.8 every 15 s; on 2 cores
+#: that is most of the jobs' CPU until about a minute has passed
+PAIRED_WARMUP = 60.0
 NODES = 2
 
 
@@ -489,7 +494,7 @@ def run_paired(run: Run) -> None:
     us per MNIST row on the same plain job). Here both read the same cached rows through the
     same executor JVMs and Python workers; the TF processes stay idle while Spark runs alone.
     1st pass: after a small job of each, one pass of each, who goes first alternating with the
-    rep; warm: ``--warmup`` seconds of both, then ``--pairs`` pairs in alternating order. A
+    rep; warm: ``--paired-warmup`` seconds of both, then ``--pairs`` pairs in alternating order. A
     tfonspark job is timed until the consumers have read all but a partial batch per node (as
     its 1st pass is measured elsewhere too); the per-pair ratios are kept and printed.
     """
@@ -539,7 +544,7 @@ def _pairs(run: Run, case: Case, jobs: _PairedJobs, rep: int) -> None:
     stored.unpersist()
     _pair(run, case, jobs, 1, "-cold", tfonspark_first=rep % 2 == 0)
     with c.quiet_stage(f"paired {case.name}: warm-up jobs"):
-        c.warm_up(lambda: (jobs.tfonspark(run.opts.epochs), jobs.plain(run.opts.epochs)), run.opts.warmup)
+        c.warm_up(lambda: (jobs.tfonspark(run.opts.epochs), jobs.plain(run.opts.epochs)), run.opts.paired_warmup)
     for i in range(run.opts.pairs):
         _pair(run, case, jobs, run.opts.epochs, "", tfonspark_first=(rep + i) % 2 == 0)
 
@@ -665,10 +670,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3,
         help="warm pairs of jobs per shape and rep of the paired variant (default 3; --quick: 1)",
     )
+    p.add_argument(
+        "--paired-warmup",
+        type=float,
+        default=PAIRED_WARMUP,
+        help=f"seconds of untimed pairs before the paired variant's warm pairs (default {PAIRED_WARMUP:.0f}; "
+        "--quick: 0): its jobs are short, and the JVMs' JIT compilers take that long to settle",
+    )
     c.add_run_args(p, VARIANTS, "consumer batch size")
     p.set_defaults(variants=",".join(DEFAULT_VARIANTS))
     opts = p.parse_args(argv)
-    c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0, pairs=1)
+    c.quick_defaults(opts, argv, reps=1, epochs=1, warmup=0, pairs=1, paired_warmup=0)
     if opts.epochs < 1:
         p.error(f"--epochs must be >= 1. Received: {opts.epochs}")
     return opts
