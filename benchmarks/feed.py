@@ -97,8 +97,8 @@ COLD_WARM_ROWS = 2000
 PAIRED_WARM_ROWS = 10_000
 #: seconds of untimed pairs before the paired variant's warm pairs. One executor JVM fed 60,000
 #: MNIST array rows a job, back to back, spent 9.2 CPU s compiling (``jstat -compiler``) in its
-#: first 15 s, 3.9 in the next 15, 2.0 and 2.9 after that, then 1.0-1.8 every 15 s; on 2 cores
-#: that is most of the jobs' CPU until about a minute has passed
+#: first 15 s (most of a core), 3.9 in the next 15, 2.0 and 2.9 after that, then 1.0-1.8 every
+#: 15 s: its compiler threads settle after about a minute
 PAIRED_WARMUP = 60.0
 NODES = 2
 
