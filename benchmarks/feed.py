@@ -266,14 +266,29 @@ def consume_tfos(args: dict[str, Any], ctx: Any) -> None:
 
 
 # ---- plain Spark ----------------------------------------------------------------------------------
+#: set in the environment of plain Spark's jobs only, so that they run in Python workers of their
+#: own (Spark keeps a pool of workers per environment), never in one a tfonspark feed task ran in
+PLAIN_WORKERS = "TFOS_BENCH_PLAIN_WORKERS"
+
+
 def plain_rdd(sc: Any, rdd: Any, epochs: int = 1) -> int:
-    """``foreachPartition`` iterating every row ``epochs`` times in one job; returns the rows seen."""
+    """``foreachPartition`` iterating every row ``epochs`` times in one job; returns the rows seen.
+
+    It runs in Python workers no tfonspark task has run in: a feed task freezes its worker's
+    heap (``gc.freeze``), which takes the full ``gc.collect()`` that PySpark's daemon runs after
+    every task in a reused worker from ~10 ms to little, and plain Spark's tasks in that worker
+    would gain it too (``paired`` shares the executors).
+    """
     seen = sc.accumulator(0)
 
     def drain(rows: Any) -> None:
         seen.add(sum(1 for _ in rows))
 
-    (sc.union([rdd] * epochs) if epochs > 1 else rdd).foreachPartition(drain)
+    sc.environment[PLAIN_WORKERS] = "1"  # read when the job's Python function is made, below
+    try:
+        (sc.union([rdd] * epochs) if epochs > 1 else rdd).foreachPartition(drain)
+    finally:
+        sc.environment.pop(PLAIN_WORKERS, None)
     return int(seen.value)
 
 
@@ -492,7 +507,8 @@ def run_paired(run: Run) -> None:
     Separate variants run on separate fresh clusters, whose JVMs' JIT and the host's load drift
     apart by more than the 10% at stake (one run's executor JVM spent 22 and another's 45 CPU
     us per MNIST row on the same plain job). Here both read the same cached rows through the
-    same executor JVMs and Python workers; the TF processes stay idle while Spark runs alone.
+    same executor JVMs, each side in Python workers of its own (see :func:`plain_rdd`); the TF
+    processes stay idle while Spark runs alone.
     1st pass: after a small job of each, one pass of each, who goes first alternating with the
     rep; warm: ``--paired-warmup`` seconds of both, then ``--pairs`` pairs in alternating order. A
     tfonspark job is timed until the consumers have read all but a partial batch per node (as
