@@ -10,6 +10,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ def small_ring(monkeypatch):
     """A 256 KB ring, so that a few frames wrap it; no ring left over from another test."""
     monkeypatch.setattr(ring, "CAPACITY", 256 * KB)
     monkeypatch.setattr(ring, "_spare", [])
+    monkeypatch.setattr(ring, "_kept", OrderedDict())
 
 
 @pytest.fixture
@@ -167,6 +169,66 @@ def test_an_idle_ring_serves_the_next_connection_and_a_busy_one_is_dropped():
     assert ring._spare == []
     with pytest.raises(ValueError):
         first.map[0:1]  # closed
+
+
+def _pair() -> tuple[f.Connection, f.Connection]:
+    a, b = socket.socketpair()
+    return f.Connection(a, KEY, False, signed=False), f.Connection(b, KEY, True, signed=False)
+
+
+def _one_payload(client: f.Connection, server: f.Connection) -> Any:
+    """Send one payload through the client's ring; the server's mapping of it, once read."""
+    client.offer_ring()
+    payload = os.urandom(100 * KB)
+    client.send(payload)
+    assert bytes(server.recv()) == payload
+    assert server._peer_ring is not None
+    return server._peer_ring.map
+
+
+def test_the_receiver_maps_a_ring_offered_again_once():
+    server, client = _pair()
+    first = _one_payload(client, server)
+    assert client.poll() is False  # the R frame: the ring is idle, kept for the next connection
+    client.close()
+    server.close()
+    assert list(ring._kept.values()) == [first]  # kept, not unmapped
+    server, client = _pair()
+    try:
+        assert _one_payload(client, server) is first  # the same ring: its mapping, not a new one
+        assert ring._kept == {}  # in use by this connection alone
+    finally:
+        client.close()
+        server.close()
+    assert list(ring._kept.values()) == [first]
+
+
+def test_rings_mapped_at_once_are_kept_apart_and_only_the_last_few():
+    pairs = [_pair() for _ in range(ring.KEPT_MAPPINGS + 2)]
+    maps = [_one_payload(client, server) for server, client in pairs]  # each a ring of its own
+    assert len({id(m) for m in maps}) == len(maps)
+    for server, client in pairs:
+        client.close()
+        server.close()
+    assert list(ring._kept.values()) == maps[2:]  # the oldest two were unmapped
+    assert all(m.closed for m in maps[:2])
+    assert not any(m.closed for m in maps[2:])
+
+
+def test_a_ring_offered_under_another_id_or_none_is_mapped_anew(unix_pair):
+    server, client = unix_pair
+    fd = _memfd(64 * KB, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    kept = ring.RecvRing(os.dup(fd), 64 * KB, ident=7)
+    kept.close()
+    assert len(ring._kept) == 1
+    other = ring.RecvRing(os.dup(fd), 64 * KB, ident=8)  # the same file, another id
+    anonymous = ring.RecvRing(os.dup(fd), 64 * KB)  # an older sender: no id
+    os.close(fd)
+    assert other.map is not ring._kept[kept.key] and anonymous.map is not ring._kept[kept.key]
+    anonymous.close()
+    assert anonymous.map.closed and len(ring._kept) == 1  # not kept: no id to know it by
+    other.close()
+    assert len(ring._kept) == 2
 
 
 def test_signed_connections_never_use_a_ring():

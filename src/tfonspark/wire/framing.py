@@ -319,7 +319,7 @@ class Connection:
             return False
         fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [shared.fd]))]
         with self._send_lock:
-            data = ring.control(b"O", shared.capacity)
+            data = ring.control(b"O", shared.capacity, shared.ident)
             sent = self.sock.sendmsg([data], fds)
             if sent < len(data):
                 self.sock.sendall(data[sent:])
@@ -416,7 +416,7 @@ class Connection:
                 raise ProtocolError(f"ring frame of {size} bytes")
             kind, first, second = ring.BODY.unpack(_recv_exact(self.sock, size))
             if kind == b"O" and len(fds) == 1 and self._peer_ring is None:
-                self._peer_ring = ring.RecvRing(fds.pop(), first)
+                self._peer_ring = ring.RecvRing(fds.pop(), first, second)
                 return None
             if fds:
                 raise ProtocolError(f"peer passed file descriptors with a ring frame {kind!r}")
