@@ -10,7 +10,8 @@ alternate within each repetition, and all of them read the same cached rows:
   draining batches
 - ``paired`` (not in the default set): ``rdd`` and plain ``foreachPartition`` of the same RDD
   job by job on one cluster, in alternating order (``--pairs`` warm pairs): the ratio without
-  the drift between two clusters' JVMs and the host's load over minutes
+  the drift between two clusters' JVMs and the host's load over minutes; each side runs in
+  Python workers of its own, as on a cluster of its own
 
 Rows are ``(float32 array, int)`` (``--row-types array``) or, as TFoS users' RDDs hold them,
 ``(list of floats, int)`` (``list``: ``x.tolist()``, ``(vec[1:], vec[0])``) or ``(tuple of
