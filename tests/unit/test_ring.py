@@ -36,12 +36,16 @@ def small_ring(monkeypatch):
     monkeypatch.setattr(ring, "_kept", OrderedDict())
 
 
-@pytest.fixture
-def unix_pair():
+def _pair() -> tuple[f.Connection, f.Connection]:
     """An unsigned server/client pair over a Unix socketpair (the handshake is tested elsewhere)."""
     a, b = socket.socketpair()
-    server = f.Connection(a, KEY, False, signed=False)
-    client = f.Connection(b, KEY, True, signed=False)
+    return f.Connection(a, KEY, False, signed=False), f.Connection(b, KEY, True, signed=False)
+
+
+@pytest.fixture
+def unix_pair():
+    """:func:`_pair`, with timeouts, closed after the test."""
+    server, client = _pair()
     server.settimeout(5)
     client.settimeout(5)
     yield server, client
@@ -148,11 +152,7 @@ def test_a_sender_whose_receiver_reads_nothing_times_out(unix_pair):
 
 
 def test_an_idle_ring_serves_the_next_connection_and_a_busy_one_is_dropped():
-    def pair() -> tuple[f.Connection, f.Connection]:
-        a, b = socket.socketpair()
-        return f.Connection(a, KEY, False, signed=False), f.Connection(b, KEY, True, signed=False)
-
-    server, client = pair()
+    server, client = _pair()
     client.offer_ring()
     first = client._ring
     client.send(os.urandom(100 * KB))
@@ -160,7 +160,7 @@ def test_an_idle_ring_serves_the_next_connection_and_a_busy_one_is_dropped():
     assert client.poll() is False  # reads the R frame: the ring is idle
     client.close()
     server.close()
-    server, client = pair()
+    server, client = _pair()
     client.offer_ring()
     assert client._ring is first  # its pages are in memory already
     client.send(os.urandom(100 * KB))  # never read: the ring is still in use when closed
@@ -169,11 +169,6 @@ def test_an_idle_ring_serves_the_next_connection_and_a_busy_one_is_dropped():
     assert ring._spare == []
     with pytest.raises(ValueError):
         first.map[0:1]  # closed
-
-
-def _pair() -> tuple[f.Connection, f.Connection]:
-    a, b = socket.socketpair()
-    return f.Connection(a, KEY, False, signed=False), f.Connection(b, KEY, True, signed=False)
 
 
 def _one_payload(client: f.Connection, server: f.Connection) -> Any:
@@ -215,8 +210,7 @@ def test_rings_mapped_at_once_are_kept_apart_and_only_the_last_few():
     assert not any(m.closed for m in maps[2:])
 
 
-def test_a_ring_offered_under_another_id_or_none_is_mapped_anew(unix_pair):
-    server, client = unix_pair
+def test_a_ring_offered_under_another_id_or_none_is_mapped_anew():
     fd = _memfd(64 * KB, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
     kept = ring.RecvRing(os.dup(fd), 64 * KB, ident=7)
     kept.close()
