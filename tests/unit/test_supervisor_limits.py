@@ -181,3 +181,27 @@ def test_a_last_line_without_a_newline_is_read():
     status = io.StringIO(_line("process_error", traceback="tb").rstrip("\n"))
     sup = Supervisor(_config(), 2, [], b"")
     assert sup._relay_status(None, status) == "tb"  # type: ignore[arg-type]
+
+
+# ---- issue 43, row 7: a status line nested too deep to re-encode -----------------------------------
+
+
+def _nested_line(depth: int) -> str:
+    """A ``reported`` status line whose ``metrics`` nest ``depth`` objects deep (built as text:
+    ``json.dumps`` itself refuses that depth)."""
+    return 'J{"type": "reported", "metrics": ' + '{"x": ' * (depth - 1) + '{"loss": 1' + "}" * depth + "}\n"
+
+
+@pytest.mark.parametrize("depth", [500, 800])  # the issue: 900-990 in a supervisor, whose stack is shallower
+def test_a_status_line_nested_too_deep_is_skipped_and_the_relay_goes_on(pair, caplog, depth):
+    """``metrics`` nested 900-990 deep decodes, then re-encoding it for the driver
+    (``dataclasses.asdict``) raised RecursionError out of the relay: the node ended with it."""
+    after = ev.Reported({"a": 1})
+    lines = [_nested_line(depth)] * 12 + [ev.to_line(after), _line("process_error", traceback="tb")]
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+        error, got, _ = _relay(pair, lines)
+    assert got == [after] and error == "tb"  # the relay went on past them
+    skipped = [r.getMessage() for r in caplog.records]
+    assert len(skipped) == 10, skipped  # twelve such lines, ten errors: the first 10, then 1 in 1,000
+    assert "'reported' event nested too deep" in skipped[0] and "(1 skipped so far)" in skipped[0]
+    assert "(10 skipped so far)" in skipped[-1] and "The node goes on" in skipped[-1]

@@ -102,6 +102,7 @@ class Supervisor:
         self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
         self._keeper: Keeper | None = None  # the spare for the next attempt's node, while one may follow
         self.adopted = False  # the TF process is the previous attempt's spare (executor/spare.py)
+        self.skipped = 0  # status lines from the TF process skipped (malformed, or nested too deep)
         self._spawning = False
         self._lock = threading.Lock()
 
@@ -543,25 +544,45 @@ class Supervisor:
         """Forward the TF process's events to the driver; return the traceback it reports, if any.
 
         Ends when the TF process exits (EOF on the status pipe). A driver that is gone is
-        handled by ``_listen``; sends that fail here are dropped. A malformed line is skipped.
+        handled by ``_listen``; sends that fail here are dropped. A malformed line is skipped,
+        and so is an event nested too deep to be encoded again for the driver (``metrics``
+        nested some 500-990 deep decode, then ``dataclasses.asdict`` raised RecursionError here,
+        which ended the relay and the node with it): the node goes on, with a rate-limited error.
         """
         error = ""
         for line in _status_lines(status):
             try:
                 event = ev.from_line(line, ev.FeedSocket, ev.ProcessUp, ev.ProcessError, ev.NodeEvent)
             except ProtocolError as exc:
-                log.error("tfonspark supervisor: skipped a status line from the TF process: %s", exc)
+                self._skipped(str(exc))
                 continue
-            match event:
-                case ev.FeedSocket(data_path=path):  # ours to remove if the TF process dies
-                    self.data_path = path
-                case ev.ProcessUp():
-                    self._node_up(conn, event)
-                case ev.NodeEvent():
-                    self._relay(conn, event)
-                case ev.ProcessError(traceback=text):
-                    error = text
+            try:
+                match event:
+                    case ev.FeedSocket(data_path=path):  # ours to remove if the TF process dies
+                        self.data_path = path
+                    case ev.ProcessUp():
+                        self._node_up(conn, event)
+                    case ev.NodeEvent():
+                        self._relay(conn, event)
+                    case ev.ProcessError(traceback=text):
+                        error = text
+            except RecursionError:
+                self._skipped(
+                    f"a {event.TYPE!r} event nested too deep to encode for the driver (RecursionError at "
+                    f"Python's recursion limit, {sys.getrecursionlimit()}); received: {line[:120]!r}..."
+                )
         return error
+
+    def _skipped(self, why: str) -> None:
+        """Log a status line skipped for ``why``: the first 10, then 1 in 1,000 (the driver's rule)."""
+        self.skipped += 1
+        if self.skipped <= 10 or self.skipped % 1000 == 0:
+            log.error(
+                "tfonspark supervisor: skipped a status line from the TF process: %s. The node goes on "
+                "(%d skipped so far)",
+                why,
+                self.skipped,
+            )
 
     def _node_up(self, conn: Connection, event: ev.ProcessUp) -> None:
         """The TF process is ready: tell the driver where its feed listens, and the task that it runs."""
