@@ -10,6 +10,7 @@ nodes keep a spare, and when it is kept for the next attempt.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import types
 from pathlib import Path
@@ -192,3 +193,53 @@ def test_the_driver_asks_for_spares_while_a_restart_may_follow() -> None:
     never = Attempts(gang, 0, None, None, lambda: True)
     never._mark_spares(0)
     assert gang.config.keep_spare is False
+
+
+# ---- issue 43, row 6: another user's directory where the keepers listen ------------------------
+@pytest.mark.parametrize("planted", ["dir", "symlink"])
+def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatch, tmp_path, planted) -> None:
+    """Another user made ``$TMPDIR/tfos-spares-<uid>`` first (``/tmp`` is sticky and open to all):
+    every supervisor logged "cannot start a spare" and ran without one until root removed it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs another user's directory: run as root")
+    import tempfile
+
+    from tfonspark.executor.spare import spare_paths
+
+    short = Path(tempfile.mkdtemp(prefix="row6-", dir="/tmp"))  # a Unix socket's path has at most 107 bytes
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    hijacked = short / f"tfos-spares-{os.getuid()}"
+    if planted == "dir":
+        hijacked.mkdir(mode=0o777)
+        os.chown(hijacked, 65534, 65534)  # nobody's, as if nobody had made it
+    else:
+        mine = short / "mine"
+        mine.mkdir(mode=0o700)
+        hijacked.symlink_to(mine)  # a link: whoever made it chose where it points
+        os.lchown(hijacked, 65534, 65534)
+    paths = spare_paths("cluster-row6", "executor-key", 3)
+    where = Path(paths[0]).parent
+    assert where != hijacked and where.parent == short and where.name.startswith(hijacked.name)
+    info = where.lstat()
+    assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700 and not where.is_symlink()
+    assert spare_paths("cluster-row6", "executor-key", 3) == paths  # the next supervisor looks there too
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text("")
+    scratch = tmp_path / "tfos-node-spare"
+    scratch.mkdir()
+    env = dict(
+        os.environ, TMPDIR=str(scratch), PYTHONPATH=os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])
+    )
+    keeper = Keeper.start(paths[0], env, ["--cluster", "spare-row6"], wait=WAIT)
+    try:
+        assert wait_until(lambda: os.path.exists(paths[0]), 20.0), "the keeper never listened"
+        keeper.release(keep=True)
+        spare = adopt(spare_paths("cluster-row6", "executor-key", 3), env_digest(env))  # the next attempt finds it
+        assert spare is not None and process_alive(spare.pid)
+        spare.discard()
+    finally:
+        if keeper.proc.poll() is None:
+            keeper.proc.kill()
+        keeper.proc.wait()
+        shutil.rmtree(short)

@@ -9,8 +9,9 @@ process (no TensorFlow), not the supervisor, so that it outlives the supervisor 
 attempt:
 
 * the keeper (``python -m tfonspark.executor.spare PATH``) spawns the spare, then listens on the
-  Unix socket ``PATH`` (in a directory only this user may enter), named by the cluster, the
-  executor and the node;
+  Unix socket ``PATH`` (in a directory only this user may enter: ``$TMPDIR/tfos-spares-UID``,
+  or a private one beside it where another user made that name first), named by the cluster,
+  the executor and the node;
 * the supervisor that started it writes ``keep`` to the keeper's stdin when its own TF process
   ended in failure (a restart may follow), then exits. Without ``keep``, EOF on that stdin
   discards the spare at once; with it, the keeper waits up to :data:`SPARE_WAIT_SECS` for the
@@ -98,23 +99,50 @@ except BaseException:
 
 
 def spare_paths(cluster_id: str, executor_key: str, node: int) -> list[str]:
-    """Where a keeper for ``node`` (the supervisor's executor id) listens on this executor, first;
-    then those of the cluster's other nodes here now (the node may have run on another executor)."""
-    prefix = os.path.join(_spare_dir(), f"{cluster_id[:12]}-{executor_key[:16]}-")
-    own = f"{prefix}{node}.sock"
-    others = sorted(p for p in glob.glob(f"{glob.escape(prefix)}*.sock") if p != own)
-    return [own, *others]
+    """Where a keeper for ``node`` (the supervisor's executor id) listens on this executor, first
+    (the first is where a new keeper listens); then those of the cluster's other nodes here now
+    (the node may have run on another executor). Only in directories of this user (:func:`_spare_dirs`)."""
+    dirs = _spare_dirs()
+    name = f"{cluster_id[:12]}-{executor_key[:16]}-"
+    own = [os.path.join(d, f"{name}{node}.sock") for d in dirs]
+    found = (glob.glob(os.path.join(glob.escape(d), f"{glob.escape(name)}*.sock")) for d in dirs)
+    others = sorted(p for paths in found for p in paths if p not in own)
+    return [*own, *others]
 
 
-def _spare_dir() -> str:
-    """``$TMPDIR/tfos-spares-UID``, made private to this user (0700), refused if anyone else owns it."""
-    path = os.path.join(tempfile.gettempdir(), f"tfos-spares-{os.getuid()}")
+def _spare_dirs() -> list[str]:
+    """The directories where this user's keepers listen, private to it (0700, its own, no link).
+
+    ``$TMPDIR/tfos-spares-UID`` first, made if absent. ``$TMPDIR`` is usually ``/tmp``, where
+    anyone may make that name first (a directory or a link of their own): such a one is never
+    used, and the spares go to a private ``tfos-spares-UID-*`` of ours beside it instead, made
+    (``mkdtemp``) the first time and found again by every later supervisor of this user, since
+    nobody else can own a directory as this user. Another user's are left where they are.
+    """
+    usual = os.path.join(tempfile.gettempdir(), f"tfos-spares-{os.getuid()}")
     with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path} is not a private directory of this user")
-    return path
+        os.mkdir(usual, 0o700)
+    candidates = [usual, *sorted(glob.glob(f"{glob.escape(usual)}-*"))]
+    dirs = [path for path in candidates if _private_dir(path)]
+    if usual not in dirs:
+        log.warning(
+            "tfonspark: %s is not a private directory of this user (uid %d): another user made it? "
+            "Spare TF processes wait in a private directory beside it instead",
+            usual,
+            os.getuid(),
+        )
+    if not dirs:
+        dirs = [tempfile.mkdtemp(prefix=f"{os.path.basename(usual)}-", dir=os.path.dirname(usual))]
+    return dirs
+
+
+def _private_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link to one) of this user that nobody else may enter."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def env_digest(env: dict[str, str]) -> str:
