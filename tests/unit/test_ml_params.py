@@ -342,3 +342,146 @@ def test_flags_keep_sparks_boolean_converter():
     assert estimator.tensorboard.typeConverter is TypeConverters.toBoolean
     with pytest.raises(TypeError, match="driver_ps_nodes"):
         estimator.setDriverPSNodes("yes")
+
+
+# ---- a user's value is never replaced silently (issue 43, item 5) -------------------------------
+
+#: a valid value other than the default, for every Param of TFEstimator (a test keeps it complete)
+EXPLICIT = {
+    "input_mapping": {"a": "x"},
+    "output_mapping": {"y": "out"},
+    "cluster_size": 3,
+    "num_ps": 1,
+    "driver_ps_nodes": True,
+    "input_mode": 0,
+    "master_node": "master",
+    "protocol": "rdma",
+    "grace_secs": 2.5,
+    "tensorboard": True,
+    "model_dir": "/m",
+    "export_dir": "/e",
+    "tfrecord_dir": "/t",
+    "batch_size": 7,
+    "epochs": 4,
+    "readers": 2,
+    "steps": 50,
+    "max_restarts": 2,
+    "feed_timeout": 30.0,
+    "signature_def_key": "predict",
+    "tag_set": "serve,gpu",
+}
+ESTIMATOR_PARAMS = sorted(p.name for p in TFEstimator(_train).params)
+
+
+def _default(name: str):
+    """The estimator's default of Param ``name`` (as stored, after its check)."""
+    return TFEstimator(_train).getOrDefault(name)
+
+
+def _set(stage, values: dict):
+    for name, value in values.items():
+        stage.set(stage.getParam(name), value)
+    return stage
+
+
+def test_explicit_values_cover_every_param():
+    assert sorted(EXPLICIT) == ESTIMATOR_PARAMS
+    estimator = _set(TFEstimator(_train), EXPLICIT)
+    assert all(estimator.getOrDefault(name) != _default(name) for name in EXPLICIT)
+
+
+@pytest.mark.parametrize("name", ESTIMATOR_PARAMS)
+def test_a_tf_args_value_is_not_replaced_by_a_param_default(name):
+    """TFoS replaced it with the Param's default: train_fn (and the feed) used a value nobody chose."""
+    estimator = TFEstimator(_train, {name: EXPLICIT[name], "lr": 0.1})
+    with pytest.raises(ConfigError) as info:
+        estimator.merge_args_params()
+    message = str(info.value)
+    assert f"tf_args[{name!r}]={EXPLICIT[name]!r}" in message
+    assert f"default {_default(name)!r}" in message
+    setter = next(n for n in dir(TFEstimator) if n.startswith("set") and n.lower() == "set" + name.replace("_", ""))
+    assert f"{setter}({EXPLICIT[name]!r})" in message
+
+
+@pytest.mark.parametrize("name", ESTIMATOR_PARAMS)
+def test_a_param_set_by_the_user_wins_over_tf_args_and_a_default_equal_to_tf_args_is_no_conflict(name):
+    estimator = _set(TFEstimator(_train, {name: "from tf_args"}), {name: EXPLICIT[name]})
+    assert getattr(estimator.merge_args_params(), name) == EXPLICIT[name]  # documented: a set Param wins
+    same = TFEstimator(_train, {name: _default(name)})
+    assert getattr(same.merge_args_params(), name) == _default(name)
+
+
+def test_the_tfos_face_estimator_refuses_the_same_replacement():
+    from tfonspark import pipeline
+
+    with pytest.raises(ConfigError, match=r"tf_args\['epochs'\]=5 .*setEpochs\(5\)"):
+        pipeline.TFEstimator(_train, argparse.Namespace(epochs=5, lr=0.1)).merge_args_params()
+    assert pipeline.TFEstimator(_train, argparse.Namespace(epochs=5)).setEpochs(5).merge_args_params().epochs == 5
+
+
+@pytest.mark.parametrize("stage", [TFEstimator(_train, {"lr": 0.1}), TFModel({"lr": 0.1})], ids=["estimator", "model"])
+def test_a_copy_has_its_own_tf_args(stage):
+    copied = stage.copy()
+    copied.args.lr = 0.5
+    assert stage.args.lr == 0.1
+    stage.args.lr = 0.2
+    assert copied.args.lr == 0.5
+    argv = type(stage)(*([_train] if isinstance(stage, TFEstimator) else []), ["--lr", "1"])
+    argv.copy().args.argv.append("--extra")
+    assert argv.args.argv == ["--lr", "1"]
+
+
+def test_copy_keeps_explicit_values_and_what_was_set():
+    estimator = _set(TFEstimator(_train, {"lr": 0.1}), {**EXPLICIT, "batch_size": 100})  # 100: the default
+    copied = estimator.copy()
+    assert {n: copied.getOrDefault(n) for n in EXPLICIT} == {**EXPLICIT, "batch_size": 100}
+    assert all(copied.isSet(copied.getParam(n)) for n in EXPLICIT)
+    assert copied.copy({copied.epochs: 9}).getEpochs() == 9 and copied.getEpochs() == 4
+
+
+@pytest.fixture
+def local_metadata(monkeypatch):
+    """Spark ML's metadata file written and read as a local JSON file (Spark's own writer, no JVM)."""
+    import os
+    import pathlib
+
+    import pyspark
+    from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
+    from pyspark.sql import SparkSession
+
+    class FakeSpark:
+        version = pyspark.__version__
+
+    def save(instance, path, sc, extraMetadata=None, paramMap=None):  # noqa: N803 (Spark names)
+        text = DefaultParamsWriter._get_metadata_to_save(instance, FakeSpark(), extraMetadata, paramMap)
+        os.makedirs(path, exist_ok=True)
+        pathlib.Path(path, "metadata").write_text(text)
+
+    def load(path, sc, expectedClassName=""):  # noqa: N803 (Spark names)
+        return DefaultParamsReader._parseMetaData(pathlib.Path(path, "metadata").read_text(), expectedClassName)
+
+    monkeypatch.setattr(DefaultParamsWriter, "saveMetadata", staticmethod(save))
+    monkeypatch.setattr(DefaultParamsReader, "loadMetadata", staticmethod(load))
+    monkeypatch.setattr(SparkSession, "active", classmethod(lambda cls: FakeSpark()))
+
+
+def test_save_and_load_keep_explicit_values_what_was_set_and_tf_args(tmp_path, local_metadata):
+    explicit = {**EXPLICIT, "batch_size": 100}  # set to the default's value: still the user's choice
+    estimator = _set(TFEstimator(_train, {"lr": 0.1, "layers": [2, 3]}), explicit)
+    estimator.save(str(tmp_path / "e"))
+    loaded = TFEstimator.load(str(tmp_path / "e"))
+    assert {n: loaded.getOrDefault(n) for n in explicit} == explicit
+    assert all(loaded.isSet(loaded.getParam(n)) for n in explicit)
+    assert loaded.args == Namespace({"lr": 0.1, "layers": [2, 3]})
+    assert loaded.merge_args_params() == estimator.merge_args_params()
+
+    unset = TFEstimator(_train, {"lr": 0.1}).setEpochs(2)
+    unset.save(str(tmp_path / "u"))
+    back = TFEstimator.load(str(tmp_path / "u"))
+    assert [p.name for p in back.params if back.isSet(p)] == ["epochs"]  # defaults stay defaults
+
+    shared = {n: EXPLICIT[n] for n in sorted(p.name for p in TFModel().params)}
+    model = _set(TFModel({"k": "v"}), shared)
+    model.save(str(tmp_path / "m"))
+    model_back = TFModel.load(str(tmp_path / "m"))
+    assert {n: model_back.getOrDefault(n) for n in shared} == shared and model_back.args.k == "v"

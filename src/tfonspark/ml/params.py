@@ -64,6 +64,7 @@ __all__ = [
 
 S = TypeVar("S")
 T = TypeVar("T")
+_P = TypeVar("_P", bound="TFParams")
 #: Checks a value when it is set and returns it in the type the Param holds.
 Converter = Callable[[Any], T]
 #: ``check(param_name, value)``: the value in the Param's type, or ConfigError naming the Param.
@@ -179,9 +180,16 @@ def _accessors(param: Param[T]) -> tuple[Param[T], _Setter[Any], _Getter[T]]:
         value: T = self.getOrDefault(name)
         return value
 
+    _PARAM_OF_SETTER[setter] = name
     setter.__doc__ = f"Sets ``{name}``: {param.doc}."
     getter.__doc__ = f"``{name}``: {param.doc} (its default when not set)."
     return param, setter, getter
+
+
+#: setter function -> the name of the Param it sets (filled by :func:`_accessors`)
+_PARAM_OF_SETTER: dict[Callable[..., Any], str] = {}
+#: Param name -> its setter's name (``batch_size`` -> ``setBatchSize``), for messages
+_SETTER_NAMES: dict[str, str] = {}
 
 
 def _name_accessors(*mixins: type[Params]) -> None:
@@ -190,6 +198,8 @@ def _name_accessors(*mixins: type[Params]) -> None:
         for attr, value in vars(mixin).items():
             if isinstance(value, FunctionType) and value.__name__ in ("setter", "getter"):
                 value.__name__, value.__qualname__ = attr, f"{mixin.__qualname__}.{attr}"
+                if value in _PARAM_OF_SETTER:
+                    _SETTER_NAMES[_PARAM_OF_SETTER[value]] = attr
 
 
 # ---- one mixin per Param, TFoS names ---------------------------------------------------------
@@ -367,6 +377,8 @@ class Namespace:
             self.__dict__.update(d)
         elif isinstance(d, (argparse.Namespace, Namespace)):
             self.__dict__.update(copy.copy(vars(d)))
+            if isinstance(self.__dict__.get("argv"), list):
+                self.argv = list(self.__dict__["argv"])  # a copy's argv is its own
         else:
             raise ConfigError(
                 "tf_args must be a dict, an argparse.Namespace, a Namespace, an argv "
@@ -414,10 +426,50 @@ class TFParams(Params):
     def merge_args_params(self) -> Namespace:
         """A copy of ``tf_args`` with every Param's value set as an attribute of the same name.
 
-        Params win over ``tf_args`` keys of the same name, as in TFoS.
+        A Param the user set wins over a ``tf_args`` key of the same name, as in TFoS. A Param
+        left at its default never replaces a ``tf_args`` value silently: TFoS did, so ``train_fn``
+        (and the estimator's own feed, which reads the Params) ran with a default nobody chose
+        while the user's ``tf_args`` said otherwise. A ``tf_args`` key that names an unset Param
+        and differs from its default is a ConfigError naming both and the setter to call.
+
+        Raises
+        ------
+        ConfigError
+            For each such key (all of them, in one message).
         """
         merged = Namespace(self.args)
+        given = {} if self.args.argv else vars(self.args)
+        clashes = []
         for param in self.params:
-            if self.hasDefault(param) or self.isSet(param):
-                setattr(merged, param.name, self.getOrDefault(param))
+            if not (self.hasDefault(param) or self.isSet(param)):
+                continue
+            value = self.getOrDefault(param)
+            if param.name in given and not self.isSet(param) and not _same(given[param.name], value):
+                setter = _SETTER_NAMES.get(param.name, f"set({param.name!r}, ...)")
+                clashes.append(
+                    f"tf_args[{param.name!r}]={given[param.name]!r} names the Param {param.name}, which is not "
+                    f"set: its default {value!r} would replace it; call {setter}({given[param.name]!r}) "
+                    f"or remove {param.name!r} from tf_args"
+                )
+            setattr(merged, param.name, value)
+        if clashes:
+            raise ConfigError(f"{type(self).__name__}: " + "; ".join(clashes))
         return merged
+
+    def copy(self: _P, extra: Any = None) -> _P:
+        """Spark ML's copy (the Params, ``extra`` applied), with ``tf_args`` of its own.
+
+        Spark's ``copy`` is shallow: a copy shared the original's ``args``, so
+        ``copy().args.lr = 0.5`` changed the original's learning rate too.
+        """
+        copied = super().copy(extra)
+        copied.args = Namespace(self.args)
+        return copied
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` as a plain bool (False where comparing fails or is ambiguous, e.g. arrays)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
