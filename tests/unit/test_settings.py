@@ -339,3 +339,79 @@ def test_run_refuses_a_heartbeat_timeout_that_would_overflow_before_any_work_sta
 def test_the_settings_doc_lists_every_setting_in_one_table():
     doc = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
     assert doc.count(settings.markdown_table()) == 1
+
+
+# ---- a user's value is never replaced silently (issue 43, item 5) -------------------------------
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_an_explicit_value_equal_to_the_default_still_wins_over_conf_and_environment(setting):
+    """The least visible explicit value (the default's, or a falsy one) is the user's choice too."""
+    _, text, _ = VALUES[setting.name]
+    conf, env = {setting.conf_key: text}, {setting.env[0]: text}
+    for given in (setting.default, *(v for v in (0, False, "") if _valid(setting, v))):
+        for chosen in ({setting.name: given}, settings.Settings(**{setting.name: given})):
+            resolved = resolve(chosen, conf, env)
+            assert getattr(resolved, setting.name) == settings.check(setting.name, given), chosen
+            assert resolved.sources[setting.name] == "the keyword argument"
+
+
+def _valid(setting: settings.Setting, value: object) -> bool:
+    try:
+        settings.check(setting.name, value)
+    except ConfigError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_a_setting_given_both_as_keyword_and_in_settings_is_an_error_even_when_equal(setting):
+    value = VALUES[setting.name][0]
+    for keyword in (value, setting.default):
+        with pytest.raises(ConfigError, match=rf"both as keyword arguments and in settings=.*\['{setting.name}'\]"):
+            settings.Settings(**{setting.name: value}).merged({setting.name: keyword})
+    merged = settings.Settings(**{setting.name: value}).merged({setting.name: None})  # None: not given
+    assert merged.given() == {setting.name: value}
+
+
+def _conflicting_calls(sc):
+    from tfonspark import TFCluster
+
+    both = {"settings": settings.Settings(heartbeat_timeout=30), "heartbeat_timeout": 40}
+    return {
+        "run": lambda: tfonspark.run(sc, print, None, 1, **both),
+        "TFCluster.run": lambda: TFCluster.run(sc, print, None, 1, 0, **both),
+        "ps_cluster": lambda: tfonspark.ps_cluster(sc, 1, 1, **both),
+        "data_service": lambda: tfonspark.data_service(sc, 1, **both),
+    }
+
+
+@pytest.mark.parametrize("entry", ["run", "TFCluster.run", "ps_cluster", "data_service"])
+def test_every_entry_point_refuses_a_setting_given_both_ways_before_any_work(entry, monkeypatch):
+    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached
+    call = _conflicting_calls(FakeSparkContext({}))[entry]
+    with pytest.raises(ConfigError, match=r"both as keyword arguments and in settings=.*\['heartbeat_timeout'\]"):
+        call()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "settings.node_value treats a driver value equal to the default as 'the driver had the default' "
+        "and lets the node's own variable replace it: run(collective='auto') or a Spark conf "
+        "tensorboardPort=0 is silently replaced by TFONSPARK_COLLECTIVE/TENSORBOARD_PORT on the executor. "
+        "Fix: NodeConfig carries which settings the driver resolved from the default "
+        "(Resolved.sources == 'the default') and node_value consults that, not the value"
+    ),
+)
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.on_node], ids=lambda s: s.name)
+def test_an_explicit_driver_value_equal_to_the_default_is_not_replaced_on_the_node(setting):
+    node_env = {setting.env[0]: VALUES[setting.name][1]}
+    default_text = str(setting.default)
+    for chosen, conf in (({setting.name: setting.default}, None), ({}, {setting.conf_key: default_text})):
+        resolved = resolve(chosen, conf, {})
+        assert resolved.sources[setting.name] != "the default"
+        config = NodeConfig(**NODE, **resolved.node_fields()).on_node(node_env)
+        assert getattr(config, setting.name) == setting.default, (chosen, conf)
+    left = NodeConfig(**NODE, **resolve({}, None, {}).node_fields()).on_node(node_env)  # truly the default
+    assert getattr(left, setting.name) == VALUES[setting.name][2]
