@@ -27,8 +27,9 @@ Each wait has one setting (or one argument) and one meaning: ``feed_timeout`` (a
 ``train()``/``inference()``) is how long a feed may make no progress; ``epoch_end_timeout`` how
 long a restartable ``train()`` waits for its last epoch to be read; ``stream_stop_timeout`` how
 long a graceful stop waits for a running micro-batch; ``heartbeat_timeout`` how long a silent
-peer counts as alive. The one derived wait is the feed server's holding limit,
-:func:`feed_hold_limit` (from ``feed_timeout``).
+peer counts as alive. The waits derived from them (the feed server's holding limit, the
+feed's pacing, heartbeats ...) are functions here and rows of :data:`DERIVED_WAITS`, which
+docs/settings.md lists.
 """
 
 from __future__ import annotations
@@ -51,18 +52,28 @@ __all__ = [
     "DEFAULT_EPOCH_END_TIMEOUT",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_STREAM_STOP_TIMEOUT",
+    "DERIVED_WAITS",
+    "FEED_FIRST_MESSAGE_SECS",
+    "FEED_STARVED_SECS",
+    "FEED_WAIT_WARNING_SECS",
     "LEGACY_KERAS_MODES",
     "MAX_TIMEOUT_SECONDS",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
     "Resolved",
+    "DerivedWait",
     "Setting",
     "Settings",
     "check",
     "check_timeout",
+    "derived_waits_table",
+    "feed_connect_timeout",
     "feed_hold_limit",
+    "heartbeat_interval",
     "markdown_table",
     "node_value",
+    "pace_interval",
+    "pace_quiet_limit",
     "port_range",
     "resolve",
 ]
@@ -521,6 +532,105 @@ def feed_hold_limit(feed_timeout: float) -> float:
     always past the feeder's own ``feed_timeout`` so that the feeder reports the stall first
     (``FeedTimeout`` naming the node) and this side only frees what the stalled feed held."""
     return 1.5 * feed_timeout + 5.0
+
+
+def pace_interval(feed_timeout: float) -> float:
+    """While a node holds a training partition's Ack (pacing), how often it tells the waiting
+    feeder ``Pending`` so that the feeder's ``feed_timeout`` starts over: a quarter of it."""
+    return feed_timeout / 4
+
+
+def pace_quiet_limit(feed_timeout: float) -> float:
+    """How long a held Ack waits while ``map_fun`` reads nothing before it goes anyway: half of
+    ``feed_timeout``. A last resort: the driver releases held Acks once holding them can only
+    stall (every partition handed out, or another data node starving)."""
+    return feed_timeout / 2
+
+
+def heartbeat_interval(heartbeat_timeout: float) -> float:
+    """How often the driver and each supervisor send a ``Heartbeat``: 5 s, or a quarter of
+    ``heartbeat_timeout`` if that is shorter."""
+    return min(5.0, heartbeat_timeout / 4)
+
+
+def feed_connect_timeout(feed_timeout: float) -> float:
+    """How long a feed task waits to connect (and authenticate) to its node: 30 s at most."""
+    return min(FEED_FIRST_MESSAGE_SECS, feed_timeout)
+
+
+FEED_FIRST_MESSAGE_SECS = 30.0
+"""How long a node's feed server waits for a new connection's first message (``FeedStart``)."""
+FEED_WAIT_WARNING_SECS = 30.0
+"""A wait of the feed that lasts this long is logged as a WARNING on the driver, naming the node."""
+FEED_STARVED_SECS = 2.0
+"""A node's reader waiting this long for training data, with nothing queued or arriving, reports
+it: the driver then releases the Acks the other nodes hold."""
+
+
+@dataclass(frozen=True)
+class DerivedWait:
+    """A wait that is not a setting of its own: what it is, and how it follows from a setting."""
+
+    name: str
+    rule: str
+    meaning: str
+
+
+DERIVED_WAITS: tuple[DerivedWait, ...] = (
+    DerivedWait(
+        "feed connect",
+        f"min({FEED_FIRST_MESSAGE_SECS:.0f} s, `feed_timeout`)",
+        "a feed task's wait to connect to its node and authenticate",
+    ),
+    DerivedWait(
+        "first feed message",
+        f"{FEED_FIRST_MESSAGE_SECS:.0f} s",
+        "a node's wait for a new feed connection's first message",
+    ),
+    DerivedWait(
+        "pacing: `Pending`",
+        "`feed_timeout` / 4",
+        "while a node holds a training partition's Ack, how often it tells the feeder to wait on (`pace_interval`)",
+    ),
+    DerivedWait(
+        "pacing: quiet limit",
+        "`feed_timeout` / 2",
+        "a held Ack goes anyway after this long without map_fun reading (`pace_quiet_limit`); "
+        "before that, the driver releases it once every partition of the feed is handed out or "
+        "another data node starves",
+    ),
+    DerivedWait(
+        "room in the feed buffer",
+        "1.5 x `feed_timeout` + 5 s",
+        "a node's wait for room in its `feed_buffer_bytes` before it drops the feeder's partition, "
+        "after the feeder's own `feed_timeout` has reported it (`feed_hold_limit`)",
+    ),
+    DerivedWait(
+        "starving reader",
+        f"{FEED_STARVED_SECS:.0f} s",
+        "map_fun waiting this long for training data, with nothing queued or arriving, tells the "
+        "driver, which releases the Acks other nodes hold",
+    ),
+    DerivedWait(
+        "warning",
+        f"{FEED_WAIT_WARNING_SECS:.0f} s",
+        "any wait of the feed on a node this long is logged as a WARNING on the driver naming the "
+        "node, what it waits for and the setting",
+    ),
+    DerivedWait(
+        "heartbeat",
+        "min(5 s, `heartbeat_timeout` / 4)",
+        "how often the driver and each supervisor tell each other they are alive",
+    ),
+)
+"""Every wait derived from a setting (or fixed), as docs/settings.md lists them."""
+
+
+def derived_waits_table() -> str:
+    """The table of derived waits in docs/settings.md, made from :data:`DERIVED_WAITS`."""
+    rows = ["| wait | how long | what it is |", "| --- | --- | --- |"]
+    rows += [f"| {w.name} | {w.rule} | {w.meaning} |" for w in DERIVED_WAITS]
+    return "\n".join(rows) + "\n"
 
 
 def node_value(

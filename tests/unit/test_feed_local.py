@@ -22,6 +22,7 @@ from tfonspark.host import executor_key
 from tfonspark.tfprocess.context import NodeContext
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import PARTITIONS_AHEAD, FeedServer
+from tfonspark.wire import events as ev
 from tfonspark.wire import messages as m
 from tfonspark.wire import ring
 from tfonspark.wire.framing import Connection, connect
@@ -419,6 +420,83 @@ def test_pacing_holds_a_feeder_for_as_long_as_map_fun_keeps_reading(make_server)
         rows += feed.next_batch(1)
     assert second.get(5) == 40
     assert [int(r) for r in rows] == list(range(41))
+
+
+def _released(server: FeedServer, feed_id: str, final: bool) -> None:
+    """What the driver's FeedWatch sends (driver/feed_watch.py)."""
+    with connect(("127.0.0.1", server.port), SECRET, timeout=10) as conn:
+        m.send_message(conn, m.FeedRelease("input", feed_id, final=final))
+        conn.settimeout(10)
+        m.recv_message(conn, m.Ack)
+
+
+def _paced_feeder(server: FeedServer, feed_id: str = "driver:7") -> Feeder:
+    target = FeedTarget("worker:0", executor_key(), "127.0.0.1", server.port, server.unix_path)
+    return Feeder([target], SECRET.hex(), "input", 20.0, feed_id)
+
+
+def test_the_driver_releases_a_held_ack_and_a_final_release_holds_none_again():
+    """A held Ack that can only stall (every partition handed out, or another node starving)
+    goes at once when the driver says so, not after feed_timeout / 2 (issue 43, row 0)."""
+    events: list = []
+    server = FeedServer(SECRET, on_event=events.append)
+    try:
+        feeder = _paced_feeder(server)
+        assert train(feeder, 0, list(range(10))) == 10  # nothing before it: not held
+        assert not [e for e in events if isinstance(e, ev.FeedHeld)]
+        held = Bg(train, feeder, 1, list(range(10, 20)))
+        assert wait_until(lambda: [e for e in events if isinstance(e, ev.FeedHeld)])
+        assert events[-1] == ev.FeedHeld("driver:7", 1)
+        time.sleep(0.3)
+        assert held.thread.is_alive()  # map_fun reads nothing: held
+
+        _released(server, "driver:7", final=False)  # another node starves: release the ones held now
+        assert held.get(5) == 10
+        again = Bg(train, feeder, 2, list(range(20, 30)))  # a later partition is paced again
+        assert wait_until(lambda: sum(isinstance(e, ev.FeedHeld) for e in events) == 2)
+        time.sleep(0.3)
+        assert again.thread.is_alive()
+
+        _released(server, "driver:7", final=True)  # every partition handed out: never hold again
+        assert again.get(5) == 10
+        start = time.monotonic()
+        assert train(feeder, 3, list(range(30, 40))) == 10
+        assert time.monotonic() - start < 2 and sum(isinstance(e, ev.FeedHeld) for e in events) == 2
+        other = Bg(train, _paced_feeder(server, "driver:8"), 0, [1])  # another feed is paced as before
+        assert wait_until(lambda: sum(isinstance(e, ev.FeedHeld) for e in events) == 3)
+        assert other.thread.is_alive()
+    finally:
+        server.close()
+    other.get(5)
+
+
+def test_a_long_hold_and_a_starving_reader_are_told_to_the_driver():
+    """Every wait of the feed past 30 s (here 0.3 s) becomes a FeedWaiting event naming the
+    partition and the setting; a reader with nothing queued or arriving, a FeedStarved."""
+    events: list = []
+    server = FeedServer(SECRET, on_event=events.append)
+    server.waits.warn_after, server.waits.starved_after = 0.3, 0.2
+    try:
+        feeder = _paced_feeder(server)
+        train(feeder, 0, list(range(10)))
+        held = Bg(train, feeder, 1, list(range(10, 20)))
+        assert wait_until(lambda: [e for e in events if isinstance(e, ev.FeedWaiting)], timeout=5)
+        (waiting,) = [e for e in events if isinstance(e, ev.FeedWaiting)]
+        assert (waiting.feed_id, waiting.partition) == ("driver:7", 1) and waiting.waited >= 0.3
+        assert "feed_timeout=20s" in waiting.setting and "held" in waiting.what
+        assert not [e for e in events if isinstance(e, ev.FeedStarved)]  # data is queued: nobody starves
+
+        feed = DataFeed(server)
+        assert len(feed.next_batch(20)) == 20  # both partitions; the held one is acknowledged
+        assert held.get(5) == 10
+        reader = Bg(feed.next_batch, 5)  # nothing queued, nothing arriving: it starves
+        assert wait_until(lambda: len([e for e in events if isinstance(e, ev.FeedStarved)]) >= 2, timeout=5)
+        starved = [e for e in events if isinstance(e, ev.FeedStarved)]
+        assert starved[0].qname == "input" and starved[1].waited > starved[0].waited  # told again while it lasts
+        close_feed(server)
+        assert reader.get(5) == []
+    finally:
+        server.close()
 
 
 def test_terminate_releases_a_feeder_that_waits_for_map_fun_to_read(make_server):

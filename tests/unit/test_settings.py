@@ -415,3 +415,12 @@ def test_an_explicit_driver_value_equal_to_the_default_is_not_replaced_on_the_no
         assert getattr(config, setting.name) == setting.default, (chosen, conf)
     left = NodeConfig(**NODE, **resolve({}, None, {}).node_fields()).on_node(node_env)  # truly the default
     assert getattr(left, setting.name) == VALUES[setting.name][2]
+
+
+def test_the_settings_doc_lists_every_derived_wait():
+    """Every wait that follows from a setting is named in docs/settings.md (issue 43, row 0)."""
+    doc = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert doc.count(settings.derived_waits_table()) == 1
+    assert settings.pace_interval(600) == 150 and settings.pace_quiet_limit(600) == 300
+    assert settings.feed_hold_limit(600) == 905 and settings.feed_connect_timeout(10) == 10
+    assert settings.heartbeat_interval(60) == 5 and settings.heartbeat_interval(8) == 2

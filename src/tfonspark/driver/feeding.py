@@ -9,6 +9,7 @@ back through :mod:`tfonspark.wire.errors` with all its attributes.
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from typing import Any, Protocol
 
@@ -20,9 +21,12 @@ from ..settings import check_timeout
 from ..wire import messages as m
 from ..wire.errors import captured, raise_or
 from ..wire.framing import connect
+from .feed_watch import FeedWatch
 from .jobs import run_in_group
 
 __all__ = ["FeedNodes", "Feeds", "check_num_epochs"]
+
+log = logging.getLogger(__name__)
 
 
 class FeedNodes(Protocol):
@@ -61,6 +65,7 @@ class Feeds:
         self.groups: set[str] = set()
         self.errors: list[FeedTimeout] = []  # stalls the nodes reported for the running train()
         self.running = ""  # feed_id of the running train(), if any
+        self.watch: FeedWatch | None = None  # releases held Acks of the running train() (pacing)
 
     # ---- called by the cluster's watcher ---------------------------------------------------------
     def stalled(self, feed_id: str, train: bool, error: FeedTimeout) -> bool:
@@ -70,6 +75,18 @@ class Feeds:
         self.errors.append(error)
         self.cancel()
         return True
+
+    def held(self, feed_id: str) -> None:
+        """A node holds a partition's Ack of ``feed_id`` (pacing): watch whether it may stall."""
+        watch = self.watch
+        if watch is not None:
+            watch.held(feed_id)
+
+    def starved(self) -> None:
+        """A data node waits for training data with nothing queued or arriving."""
+        watch = self.watch
+        if watch is not None:
+            watch.starved()
 
     def cancel(self) -> None:
         """Cancel every running feed job."""
@@ -81,9 +98,13 @@ class Feeds:
         seconds = check_timeout("feed_timeout", feed_timeout)
         return Feeder(self.nodes.targets(), self.secret_hex, qname, seconds, feed_id)
 
-    def _run(self, description: str, action: Any) -> Any:
+    def _run(self, description: str, action: Any, paced: tuple[str, str] | None = None) -> Any:
+        """Run the feed job ``action`` in a job group of its own; ``paced`` = ``(qname, feed_id)``
+        of a training feed, whose held Acks a :class:`FeedWatch` releases when they can only stall."""
         group = f"tfonspark-feed-{uuid.uuid4().hex[:12]}"
         self.groups.add(group)
+        if paced is not None:
+            self.watch = FeedWatch(self.sc, group, *paced, tell=self._release).start()
         try:
             return run_in_group(self.sc, group, description, action)
         except Exception as exc:
@@ -93,6 +114,9 @@ class Feeds:
             raise_or(exc, lambda line: FeedError(f"the feed job failed: {line}"))
         finally:
             self.groups.discard(group)
+            watch, self.watch = self.watch, None
+            if watch is not None:
+                watch.stop()
 
     def train(
         self, data: Any, num_epochs: int, feed_timeout: float, qname: str, label: str = "", feed_id: str = ""
@@ -131,7 +155,7 @@ class Feeds:
             )
         self.running = feeder.feed_id
         try:
-            result = self._run(f"tfonspark train {label}", action)
+            result = self._run(f"tfonspark train {label}", action, paced=(qname, feeder.feed_id))
         except FeedError:
             self.nodes.check()
             if not self.nodes.all_done():
@@ -188,7 +212,15 @@ class Feeds:
         """After an epoch's feed job: queue its end mark on every data node (see ``Cluster.train``)."""
         self._tell_nodes(m.FeedClose(qname, epoch=epoch, feed_id=feed_id), f"the end of epoch {epoch}")
 
-    def _tell_nodes(self, message: m.FeedClose, what: str) -> None:
+    def _release(self, message: m.FeedRelease) -> None:
+        """Tell every data node to release the Acks it holds (best effort: a node that cannot be
+        reached holds at most until its quiet limit)."""
+        try:
+            self._tell_nodes(message, "a release of held partitions")
+        except FeedTimeout as exc:
+            log.warning("feed: %s", exc)
+
+    def _tell_nodes(self, message: m.FeedClose | m.FeedRelease, what: str) -> None:
         secret = bytes.fromhex(self.secret_hex)
         for target in self.nodes.targets():
             try:

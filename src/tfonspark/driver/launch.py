@@ -20,7 +20,7 @@ from ..executor.gpus import requested_gpus
 from ..executor.supervisor import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
-from ..settings import Resolved, Settings, resolve
+from ..settings import Resolved, Settings, heartbeat_interval, resolve
 from ..tfprocess.debugging import Debug
 from ..tfprocess.server import ChiefCoordinator
 from ..wire.framing import new_secret
@@ -222,7 +222,7 @@ class _Plan:
     @property
     def heartbeat_secs(self) -> float:
         """Supervisor <-> driver liveness messages: four per ``heartbeat_timeout``, at most 5 s apart."""
-        return min(5.0, self.resolved.heartbeat_timeout / 4)
+        return heartbeat_interval(self.resolved.heartbeat_timeout)
 
     def form(self, attempt: int) -> tuple[RendezvousServer, NodeConfig]:
         """A rendezvous server with a fresh secret, and the nodes' config for ``attempt``."""

@@ -1,4 +1,5 @@
-"""What the driver does with each node event: keep reports, cancel a stalled feed, log the rest.
+"""What the driver does with each node event: keep reports, cancel a stalled feed, release held
+Acks that can only stall, warn of long waits, log the rest.
 
 The rendezvous server keeps what it needs of ``EpochRead`` and ``FeedTerminated`` as they arrive
 (epoch marks, ``NodeState.feed_ended``); the gang's watcher hands every event here.
@@ -69,6 +70,12 @@ class NodeEvents:
                 self.reports.add(node.role.job_name, node.role.task_index, metrics)
             case ev.FeedStalled():
                 self._stalled(node, event)
+            case ev.FeedHeld(feed_id=feed_id):
+                self.feeds.held(feed_id)
+            case ev.FeedStarved():
+                self.feeds.starved()
+            case ev.FeedWaiting():
+                self._waiting(node, event)
             case ev.ServerRestarted():
                 self._restarted(node, event)
             case ev.FeedTerminated() | ev.EpochRead():
@@ -91,6 +98,24 @@ class NodeEvents:
             event.restart,
             event.limit,
             back,
+        )
+
+    def _waiting(self, node: NodeState, event: ev.FeedWaiting) -> None:
+        """A wait of the feed on ``node`` has lasted: say which node, what for, and what bounds it.
+
+        A node waiting for data while no ``train()`` runs is the user's program between feeds:
+        that is logged at INFO only.
+        """
+        where = f" (partition {event.partition} of feed {event.feed_id})" if event.partition >= 0 else ""
+        level = logging.WARNING if self.feeds.running or event.partition >= 0 else logging.INFO
+        log.log(
+            level,
+            "node %s has waited %.0fs for %s%s; what bounds the wait: %s",
+            node.role.name,
+            event.waited,
+            event.what,
+            where,
+            event.setting or "nothing",
         )
 
     def _stalled(self, node: NodeState, event: ev.FeedStalled) -> None:

@@ -156,7 +156,7 @@ class DataFeed:
         while self._pending is None:
             if self.done_feeding:
                 return False
-            stream, item = self.queue.get()
+            stream, item = self._get()
             if item is END_FEED:
                 self.done_feeding = True
                 return False
@@ -176,6 +176,25 @@ class DataFeed:
                 continue  # no rows to read or answer: no reader ever gets a 0-row batch
             self._pending = (stream, item, 0)
         return True
+
+    def _get(self) -> tuple[Any, Any]:
+        """The next queue item, waiting for it as long as it takes (TFoS semantics); on a node,
+        a wait is registered with the feed server, which tells the driver if it starves or lasts."""
+        try:
+            return self.queue.get(timeout=0)
+        except TimeoutError:
+            pass
+        server = self.server
+        if not isinstance(server, FeedServer):
+            return self.queue.get()
+        qname, queue, train = self.qname_in, self.queue, self.train_mode
+        with server.waits.waiting(
+            f"data of queue {qname!r}: nothing is queued for map_fun",
+            "none: DataFeed waits while the driver lives and has not ended the feed (TFoS semantics)",
+            qname=qname,
+            starving=(lambda: train and queue.empty and not server.receiving(qname)),
+        ):
+            return self.queue.get()
 
     def next_columns(self, batch_size: int) -> ColumnBatch | None:
         """Up to ``batch_size`` rows as columns, or None once the feed has ended.
@@ -231,7 +250,7 @@ class DataFeed:
         self._last = (stream, total)
         self._mid_frame = self._pending is not None and self._pending[0] is stream
         if total:
-            self.queue.reads += 1  # progress, which keeps paced feeders waiting (FeedServer._pace)
+            self.queue.note_read()  # progress, which keeps paced feeders waiting (FeedServer._pace)
         return _concat(parts, self._joins) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:

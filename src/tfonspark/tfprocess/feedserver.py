@@ -21,12 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FeedError, ProtocolError
-from ..settings import DEFAULT_FEED_BUFFER_BYTES, feed_hold_limit
+from ..settings import (
+    DEFAULT_FEED_BUFFER_BYTES,
+    FEED_FIRST_MESSAGE_SECS,
+    feed_hold_limit,
+    pace_interval,
+    pace_quiet_limit,
+)
 from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, RecvBuffers, listen_unix, new_buffer, remove_unix_socket
 from ..wire.listener import Listener
+from .feedwaits import Waits
 
 __all__ = ["END_FEED", "PARTITIONS_AHEAD", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
 
@@ -47,11 +54,14 @@ class EpochMark:
 #: micro-batch's job ends before the next one's starts. An attempt of an older feed is refused
 #: (see ``Delivered``), never delivered again.
 _REMEMBERED_FEEDS = 64
-#: a feeder sends its FeedStart right after connecting
-_FIRST_MESSAGE_SECS = 30.0
+#: of how many recent feeds the driver's releases of held Acks are remembered (``FeedRelease``)
+_REMEMBERED_RELEASES = 64
 #: a training partition's Ack waits until map_fun has read every partition committed before
-#: it (the feeder is told Pending while map_fun reads, so it never times out on it; after half
-#: of feed_timeout in which map_fun read nothing the Ack goes anyway). The feed task holds
+#: it (the feeder is told Pending while map_fun reads, so it never times out on it). The driver
+#: releases held Acks once holding can only stall: every partition of the feed has been handed
+#: to a task (no core left to keep free), or another data node starves while map_fun here may
+#: be waiting for it in a collective; after half of feed_timeout in which map_fun read nothing
+#: the Ack goes anyway (settings.pace_quiet_limit). The feed task holds
 #: its Spark core meanwhile, as TFoS's did until its partition was consumed, so the nodes take
 #: partitions as fast as each reads them: a node whose executor frees first does not get more.
 #: MultiWorkerMirrored programs that derive their steps from rows / num_workers (every TFoS
@@ -65,6 +75,7 @@ class Stream:
 
     def __init__(self, conn: Connection, start: m.FeedStart) -> None:
         self.conn = conn
+        self.qname = start.qname
         self.partition = start.partition
         self.train = start.train
         self.columns = start.columns
@@ -74,6 +85,7 @@ class Stream:
         self.received = 0
         self.answered = 0
         self.ended = False
+        self.committed = False  # a training partition handed to the queue (no longer arriving)
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
@@ -140,7 +152,7 @@ class ByteQueue:
         self.capacity = capacity
         self.nbytes = 0
         self.reserved = 0
-        self.reads = 0  # map_fun's reads that took rows (DataFeed counts them): its progress, for pacing
+        self.reads = 0  # map_fun's reads that took rows (note_read): its progress, for pacing
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
         self._cond = threading.Condition()
@@ -150,6 +162,20 @@ class ByteQueue:
     def partitions(self) -> int:
         """Committed training partitions whose end marker map_fun has not read yet."""
         return len(self._ends)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing is queued for map_fun to read."""
+        return not self._items
+
+    def note_read(self) -> None:
+        """map_fun read rows: progress, which keeps paced feeders waiting (``FeedServer._pace``)."""
+        self.reads += 1
+
+    def wake(self) -> None:
+        """Wake every waiter to look at its condition again (a release of held Acks)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _used(self) -> int:
         return self.nbytes + self.reserved
@@ -215,14 +241,14 @@ class ByteQueue:
             self._cond.notify_all()
             return True
 
-    def wait_behind(self, ahead: int, timeout: float) -> bool:
-        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread (or
-        the queue was aborted); False if they still are.
+    def wait_behind(self, ahead: int, timeout: float, released: Callable[[], bool] = lambda: False) -> bool:
+        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread, the
+        queue was aborted or ``released()`` (looked at on :meth:`wake`); False if none is so.
 
         Never raises: it paces feeders to map_fun's reading, it does not detect stalls.
         """
         with self._cond:
-            return self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted, timeout)
+            return self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted or released(), timeout)
 
     def get(self, timeout: float | None = None) -> tuple[Any, Any]:
         with self._cond:
@@ -436,6 +462,10 @@ class FeedServer:
         self._queues: dict[str, ByteQueue] = {}
         self._streams: set[Stream] = set()
         self.delivered = Delivered()  # partitions delivered, by feed
+        self.waits = Waits(self.on_event)  # the feed's waits here; long ones are told to the driver
+        # the driver's releases of held Acks (FeedRelease), by feed: how many, and the final ones
+        self._releases: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._final: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.Lock()
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
@@ -462,8 +492,12 @@ class FeedServer:
         """Serve one authenticated connection; True if it must stay open (inference results)."""
         conn.buffers = self._buffers
         try:
-            conn.settimeout(_FIRST_MESSAGE_SECS)
-            msg = m.recv_message(conn, m.FeedStart, m.FeedClose)
+            conn.settimeout(FEED_FIRST_MESSAGE_SECS)
+            msg = m.recv_message(conn, m.FeedStart, m.FeedClose, m.FeedRelease)
+            if isinstance(msg, m.FeedRelease):
+                self.release(msg)
+                m.send_message(conn, m.Ack())
+                return False
             if isinstance(msg, m.FeedClose):
                 mark = EpochMark(msg.feed_id, msg.epoch) if msg.epoch >= 0 else END_FEED
                 self.queue(msg.qname).put(None, mark)
@@ -521,7 +555,8 @@ class FeedServer:
 
         def take(payload: memoryview) -> bool:
             stream.received += batch_count(payload)
-            return staging.add(payload, limit)
+            with self._room_wait(stream, limit):
+                return staging.add(payload, limit)
 
         try:
             count = self._read_partition(stream, take)
@@ -534,6 +569,7 @@ class FeedServer:
                 return False
             if first and queue.commit(stream, staging.batches(), staging.staged):
                 staging.staged = 0
+                stream.committed = True
                 if self.ahead is not None:
                     self._pace(stream, queue, self.ahead)
                 if self.terminated:  # terminate() came while this waited: tell the feeder from
@@ -551,19 +587,81 @@ class FeedServer:
         share partitions as they read them.
 
         While map_fun reads rows the feeder is told ``Pending`` every quarter of
-        ``feed_timeout`` (its wait for the Ack starts over), however slow its steps; once it has
-        read none for half of ``feed_timeout`` the Ack goes anyway (a stalled map_fun is caught
-        by the waits that detect stalls, not here).
+        ``feed_timeout`` (its wait for the Ack starts over), however slow its steps. The hold
+        ends early when the driver releases it (:meth:`release`): holding a feed task's core only
+        helps while the feed has partitions left for other executors to take, and must never
+        keep a starving node's partitions from running while map_fun here waits for that node
+        in a collective. Once map_fun has read nothing for half of ``feed_timeout`` the Ack goes
+        anyway (a stalled map_fun is caught by the waits that detect stalls, not here).
         """
-        interval, quiet = stream.timeout / 4, stream.timeout / 2
-        reads, progress = queue.reads, time.monotonic()
-        while not queue.wait_behind(ahead, interval) and not self.terminated:
-            now = time.monotonic()
-            if queue.reads != reads:
-                reads, progress = queue.reads, now
-            if now - progress >= quiet:
-                return
-            m.send_message(stream.conn, m.Pending())
+        feed_id = stream.key[0] if stream.key else ""
+        if queue.partitions <= ahead or self._released(feed_id, None):
+            return
+        interval, quiet = pace_interval(stream.timeout), pace_quiet_limit(stream.timeout)
+        releases = self._releases_of(feed_id)
+        self.on_event(ev.FeedHeld(feed_id, stream.partition))
+        what = (
+            f"map_fun to read the partitions queued before partition {stream.partition}, whose Ack is held "
+            "to pace the feed (map_fun reads nothing: is it waiting for another node in a collective?)"
+        )
+        setting = f"feed_timeout={stream.timeout:.0f}s: the Ack goes after feed_timeout/2 = {quiet:.0f}s without a read"
+        with self.waits.waiting(what, setting, feed_id=feed_id, partition=stream.partition):
+            reads, progress = queue.reads, time.monotonic()
+            while not queue.wait_behind(ahead, interval, lambda: self.terminated or self._released(feed_id, releases)):
+                now = time.monotonic()
+                if queue.reads != reads:
+                    reads, progress = queue.reads, now
+                if now - progress >= quiet:
+                    log.warning(
+                        "feed server: partition %s: map_fun read nothing for %.0fs (feed_timeout/2); "
+                        "its Ack goes without waiting further",
+                        stream.partition,
+                        quiet,
+                    )
+                    return
+                m.send_message(stream.conn, m.Pending())
+
+    def release(self, msg: m.FeedRelease) -> None:
+        """The driver releases the Acks held for ``msg.feed_id`` (all of this feed's, if final)."""
+        with self._lock:
+            self._releases[msg.feed_id] = self._releases.pop(msg.feed_id, 0) + 1
+            if msg.final:
+                self._final[msg.feed_id] = None
+            for remembered in (self._releases, self._final):
+                while len(remembered) > _REMEMBERED_RELEASES:
+                    remembered.popitem(last=False)
+            queue = self._queues.get(msg.qname)
+        if queue is not None:
+            queue.wake()
+
+    def _releases_of(self, feed_id: str) -> int:
+        with self._lock:
+            return self._releases.get(feed_id, 0)
+
+    def _released(self, feed_id: str, since: int | None) -> bool:
+        """True if the driver released ``feed_id`` for good, or (``since``: the count of its
+        releases when the hold began) released its held Acks since."""
+        with self._lock:
+            if feed_id in self._final:
+                return True
+            return since is not None and self._releases.get(feed_id, 0) != since
+
+    def _room_wait(self, stream: Stream, limit: float) -> contextlib.AbstractContextManager[None]:
+        """A feeder's wait for room in the feed buffer, told to the driver if it lasts."""
+        return self.waits.waiting(
+            f"room in the feed buffer for partition {stream.partition} (map_fun is not reading what is queued)",
+            f"feed_buffer_bytes={self.buffer_bytes} and feed_timeout={stream.timeout:.0f}s: the partition is "
+            f"dropped after {limit:.0f}s, once its feeder has raised FeedTimeout",
+            feed_id=stream.key[0] if stream.key else "",
+            partition=stream.partition,
+        )
+
+    def receiving(self, qname: str) -> bool:
+        """True while a training partition for ``qname`` is arriving (not yet committed)."""
+        with self._lock:
+            return any(
+                s.train and s.qname == qname and not s.committed and not s.closed.is_set() for s in self._streams
+            )
 
     def _receive_inference(self, stream: Stream, queue: ByteQueue) -> bool:
         limit = feed_hold_limit(stream.timeout)  # derived from feed_timeout (settings)
@@ -571,7 +669,8 @@ class FeedServer:
         def take(payload: memoryview) -> bool:
             batch = decode_batch(payload)
             stream.received += batch.count
-            return queue.put(stream, batch, len(payload), limit)
+            with self._room_wait(stream, limit):
+                return queue.put(stream, batch, len(payload), limit)
 
         if self._read_partition(stream, take) is None:
             return False
@@ -663,6 +762,7 @@ class FeedServer:
     def close(self) -> None:
         """Stop taking data and close every connection; remove the Unix socket's directory."""
         self._stop_taking()  # the node is going: its exit tells the driver
+        self.waits.close()
         for listener in self._listeners:
             listener.close()
         with self._lock:

@@ -8,7 +8,8 @@ type-checked on decode, never pickled):
   :class:`ProcessError` with the traceback if it raised, and every :class:`NodeEvent`;
 * **node -> driver** (the supervisor relays each :class:`NodeEvent` on its authenticated
   connection): :class:`Reported` (``ctx.report``), :class:`FeedStalled`, :class:`FeedTerminated`,
-  :class:`FeedRefused`, :class:`EpochRead`; and the supervisor's own :class:`ServerRestarted`;
+  :class:`FeedRefused`, :class:`EpochRead`, the feed's waits (:class:`FeedHeld`,
+  :class:`FeedStarved`, :class:`FeedWaiting`); and the supervisor's own :class:`ServerRestarted`;
 * **supervisor -> Spark node task** (its stdout, after ``STATUS_PREFIX``): :class:`TaskUp`,
   :class:`TaskExit`, :class:`TaskFailed`, :class:`TaskRejected`.
 
@@ -27,10 +28,13 @@ from . import messages as m
 __all__ = [
     "MAX_FEED_ID",
     "EpochRead",
+    "FeedHeld",
     "FeedRefused",
     "FeedSocket",
     "FeedStalled",
+    "FeedStarved",
     "FeedTerminated",
+    "FeedWaiting",
     "NodeEvent",
     "ProcessError",
     "ProcessUp",
@@ -132,6 +136,48 @@ class FeedRefused(NodeEvent):
     feed_id: str
     partition: int
     reason: str = ""
+
+    def refusal(self) -> str:
+        return _feed_id_refusal(self.feed_id)
+
+
+@dataclass
+class FeedHeld(NodeEvent):
+    """The node holds the Ack of ``partition`` of the train feed ``feed_id`` until map_fun has read
+    what was queued before it (the feed's pacing): the driver releases it once holding can only stall."""
+
+    TYPE: ClassVar[str] = "feed_held"
+    feed_id: str
+    partition: int
+
+    def refusal(self) -> str:
+        return _feed_id_refusal(self.feed_id)
+
+
+@dataclass
+class FeedStarved(NodeEvent):
+    """map_fun has waited ``waited`` seconds for training data of ``qname``, with nothing queued
+    and no partition arriving: the driver releases the Acks other nodes hold (``FeedRelease``)."""
+
+    TYPE: ClassVar[str] = "feed_starved"
+    qname: str
+    waited: float
+
+
+@dataclass
+class FeedWaiting(NodeEvent):
+    """A wait of the feed on this node has lasted ``waited`` seconds: the driver logs a warning.
+
+    ``what`` it waits for, ``setting`` what bounds the wait (and so what to change), and the
+    partition of ``feed_id`` it is about (``partition`` -1: none, e.g. map_fun waiting for data).
+    """
+
+    TYPE: ClassVar[str] = "feed_waiting"
+    what: str
+    waited: float
+    setting: str = ""
+    feed_id: str = ""
+    partition: int = -1
 
     def refusal(self) -> str:
         return _feed_id_refusal(self.feed_id)

@@ -20,6 +20,7 @@ __all__ = [
     "ClusterReady",
     "FeedClose",
     "FeedEnd",
+    "FeedRelease",
     "FeedStart",
     "Heartbeat",
     "Message",
@@ -187,6 +188,22 @@ class FeedClose(Message):
     qname: str
     epoch: int = -1
     feed_id: str = ""
+
+
+@dataclass
+class FeedRelease(Message):
+    """Driver -> node: stop holding the Acks of the train feed ``feed_id``'s partitions (pacing).
+
+    ``final``: every partition of the feed has been handed to a Spark task, so holding a feed
+    task's core can no longer leave a partition to another node: Ack every held partition now
+    and hold none of this feed again. Otherwise a data node starves while this one holds: Ack
+    the partitions held now, so their cores can take the partitions that node waits for.
+    """
+
+    TYPE: ClassVar[str] = "feed_release"
+    qname: str
+    feed_id: str
+    final: bool = False
 
 
 @dataclass
