@@ -105,7 +105,15 @@ def _train(args, ctx):
 
     fit(model, dataset_fn, epochs=1, steps_per_epoch=2000, verbose=0, log_every_steps=1, on_progress=progress)
     end = time.monotonic()
-    ctx.report({"ready": False, "first_step_s": steps[0] - start, "training_s": end - steps[0], "rows": rows[-1], "steps": len(steps)})
+    ctx.report(
+        {
+            "ready": False,
+            "first_step_s": steps[0] - start,
+            "training_s": end - steps[0],
+            "rows": rows[-1],
+            "steps": len(steps),
+        }
+    )
     feed.drain()
 
 
