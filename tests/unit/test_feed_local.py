@@ -499,6 +499,32 @@ def test_a_long_hold_and_a_starving_reader_are_told_to_the_driver():
         server.close()
 
 
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_a_partition_whose_rows_do_not_all_arrive_is_refused_never_delivered_short(train_mode):
+    """The feeder's FeedEnd counts the rows it took from Spark: had packing lost some (issue 43,
+    row 1), the node refuses the partition with a FeedError naming it, instead of delivering it short."""
+    from tfonspark.wire.codec import encode_batch, pack_rows
+
+    events: list = []
+    server = FeedServer(SECRET, on_event=events.append)
+    try:
+        with connect(("127.0.0.1", server.port), SECRET, timeout=10) as conn:
+            conn.settimeout(10)
+            m.send_message(conn, m.FeedStart("input", train_mode, 4, feed_id="driver:1", timeout=10.0))
+            conn.send(*encode_batch(pack_rows([(1.0, 2), (3.0, 4)])))
+            m.send_message(conn, m.FeedEnd(3))  # three rows taken, two sent
+            reply = m.recv_message(conn, m.Reject)
+        assert "partition 4" in reply.reason and "took 3 rows" in reply.reason and "2 arrived" in reply.reason
+        (refused,) = [e for e in events if isinstance(e, ev.FeedRefused)]
+        assert (refused.feed_id, refused.partition) == ("driver:1", 4)
+        if train_mode:
+            assert server.queue("input").partitions == 0 and server.queue("input").empty
+        close_feed(server)
+        assert DataFeed(server, train_mode=train_mode).next_batch(10) == []  # nothing of it is read
+    finally:
+        server.close()
+
+
 def test_terminate_releases_a_feeder_that_waits_for_map_fun_to_read(make_server):
     server = make_server()
     train(feeder_for(server), 0, [1])

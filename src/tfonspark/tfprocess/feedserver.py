@@ -559,12 +559,12 @@ class FeedServer:
                 return staging.add(payload, limit)
 
         try:
-            count = self._read_partition(stream, take)
-            if count is None:
-                return False
             try:
+                count = self._read_partition(stream, take)
+                if count is None:
+                    return False
                 first = self._first_delivery(stream)
-            except FeedError as refused:
+            except FeedError as refused:  # rows lost on the way, or a feed too old to know
                 self._refuse(stream, refused)
                 return False
             if first and queue.commit(stream, staging.batches(), staging.staged):
@@ -672,7 +672,11 @@ class FeedServer:
             with self._room_wait(stream, limit):
                 return queue.put(stream, batch, len(payload), limit)
 
-        if self._read_partition(stream, take) is None:
+        try:
+            if self._read_partition(stream, take) is None:
+                return False
+        except FeedError as refused:  # rows lost on the way: the batches queued are skipped
+            self._refuse(stream, refused)
             return False
         queue.put(stream, None)  # partition boundary marker
         stream.end()
@@ -680,13 +684,15 @@ class FeedServer:
 
     @staticmethod
     def _end(stream: Stream, payload: memoryview) -> int:
-        """The partition's end marker: its row count must match what arrived."""
+        """The partition's end marker: its row count (the rows the feed task took from Spark)
+        must match what arrived, else ``FeedError``: rows were lost, never silently."""
         end = m.decode(payload)
         if not isinstance(end, m.FeedEnd):
             raise ProtocolError(f"expected a batch or feed_end, received {end.TYPE}")
         if end.count != stream.received:
-            raise ProtocolError(
-                f"partition {stream.partition}: feeder sent {end.count} rows, {stream.received} arrived"
+            raise FeedError(
+                f"partition {stream.partition}: its feed task took {end.count} rows from Spark, but "
+                f"{stream.received} arrived; the partition was dropped (a packing error lost rows)"
             )
         return end.count
 
@@ -708,8 +714,8 @@ class FeedServer:
     def _refuse(self, stream: Stream, refused: FeedError) -> None:
         """Tell the feeder (and the driver) why its partition was dropped."""
         log.warning("feed server: %s", refused)
-        assert stream.key is not None
-        self.on_event(ev.FeedRefused(stream.key[0], stream.partition, str(refused)))
+        stream.closed.set()  # an inference attempt's queued rows are skipped (DataFeed)
+        self.on_event(ev.FeedRefused(stream.key[0] if stream.key else "", stream.partition, str(refused)))
         m.send_message(stream.conn, m.Reject(str(refused)))
 
     def _stalled(self, stream: Stream) -> None:
