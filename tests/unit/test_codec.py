@@ -361,6 +361,23 @@ def test_dict_rows_with_other_keys(rows, row):
     assert (info.value.partition, info.value.row) == (2, 10 + row)
 
 
+def test_a_row_among_dict_rows_is_named_however_indexing_it_fails():
+    """A pyspark ``Row`` indexed by a key raised its own AttributeError out of ``pack_rows``
+    (found by test_codec_property.py); a dict whose ``__getitem__`` raises KeyError, StopIteration."""
+    from pyspark.sql import Row
+
+    with pytest.raises(InputError, match="received a Row, not a dict") as info:
+        pack_rows([{"x": 1.0}, {"x": 2.0}, Row()], partition=2, first_row=10)
+    assert (info.value.partition, info.value.row) == (2, 12)
+
+    class Locked(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: Any) -> Any:
+            raise KeyError(f"{key} is locked")
+
+    with pytest.raises(KeyError, match="x is locked"):
+        pack_rows([Locked(x=1.0), Locked(x=2.0)])
+
+
 # ---- encode / decode ---------------------------------------------------------------------------------
 
 

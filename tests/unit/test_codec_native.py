@@ -421,3 +421,193 @@ def test_number_code_is_numpys_dtype_or_none(value):
             or not all(type(v) in (float, int) for v in value)
             or (any(type(v) is int and not -(2**63) <= v < 2**63 for v in value))
         )
+
+
+# ---- empty rows, field names that raise, float subclasses (issue 43, rows 1, 10 and 11) -----------
+
+
+def _empty_row_partition(kind: str, at: int, n: int) -> list[Any]:
+    """``n`` rows of two numbers of ``kind`` (tuple, list or pyspark ``Row``), row ``at`` empty."""
+    from pyspark.sql import Row
+
+    make: Any = {
+        "tuple": lambda i: (float(i), i),
+        "list": lambda i: [float(i), i],
+        "row": lambda i: Row(x=float(i), y=i),
+    }
+    empty: Any = {"tuple": (), "list": [], "row": Row()}[kind]
+    rows = [make[kind](i) for i in range(n)]
+    rows[at] = empty
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "row"])
+@pytest.mark.parametrize("at", [0, 15, 16, 17, 1024, 4096, 65536])
+def test_an_empty_row_anywhere_in_a_partition_is_an_input_error_naming_it(kind, at, monkeypatch):
+    """Row 16 (the first after the 16-row head) empty used to drop its whole chunk with the C
+    packer: 100,017 rows fed, 89,095 delivered, and no error. Both packers now name the empty row."""
+    rows = _empty_row_partition(kind, at, at + 1000)
+    outcome = _both(_fed(rows), monkeypatch) if codec.native is not None else _outcome(_fed(rows))
+    assert outcome[0] == "error", f"{sum(len(f) for f in outcome[1])} frames, no error"
+    _, cls, message, (column, partition, row) = outcome
+    assert cls is InputError and (partition, row) == (3, at), message
+    assert "received 0" in message or "empty" in message, message
+
+
+def test_rows_after_an_empty_row_at_row_16_are_not_lost(monkeypatch):
+    """The issue's case: 100,017 rows, row 16 empty: an error, never a feed of fewer rows."""
+    rows = _empty_row_partition("tuple", 16, 100_017)
+    for native in [codec.native, None] if codec.native is not None else [None]:
+        monkeypatch.setattr(codec, "native", native)
+        with pytest.raises(InputError) as info:
+            list(_fed(rows)())
+        assert (info.value.partition, info.value.row) == (3, 16)
+
+
+@pytest.mark.parametrize(
+    "rows, row",
+    [
+        ([(), (1, 2), (3,)], 0),
+        ([[], [1.0], [2.0]], 0),
+        ([(), ()], 0),
+        ([{}, {}], 0),
+        ([(1.0, 2), ()], 1),
+        ([[1.0], [1.0], []], 2),
+    ],
+)
+def test_pack_rows_never_gives_a_batch_that_drops_its_rows(rows, row, monkeypatch):
+    """``pack_rows([(), (1, 2), (3,)])`` was a 0-column batch of count 0 with the C packer: an
+    empty row cannot be fed (its batch could not count it), on either packer."""
+    outcome = _both(_packed(rows), monkeypatch) if codec.native is not None else _outcome(_packed(rows))
+    assert outcome[0] == "error" and outcome[1] is InputError and outcome[3][1:] == (3, 100 + row), outcome
+
+
+@pytest.mark.parametrize("empty", [(), [], {}])
+def test_a_partition_of_only_empty_rows_is_an_input_error_naming_it(empty, monkeypatch):
+    """It was a ZeroDivisionError in ``Feeder._row_batches`` on both packers."""
+    rows = [empty] * 40
+    outcome = _both(_fed(rows), monkeypatch) if codec.native is not None else _outcome(_fed(rows))
+    assert outcome[0] == "error" and outcome[1] is InputError and outcome[3][1:] == (3, 0), outcome
+    assert "partition 3" in outcome[2] or "partition=3" in outcome[2]
+
+
+class _Named(tuple):  # type: ignore[type-arg]
+    """A tuple row (its names an instance attribute, as pyspark's ``Row``) whose field names
+    cannot be read for a row with a negative x: ``fill_frame``'s ``same_names`` gives -1."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__fields__" and tuple.__getitem__(self, 0) < 0:
+            raise ValueError(f"no field names for x={tuple.__getitem__(self, 0)}")
+        return tuple.__getattribute__(self, name)
+
+
+def _named(x: float, y: int) -> _Named:
+    row = _Named((x, y))
+    row.__fields__ = ["x", "y"]
+    return row
+
+
+@needs_native
+@pytest.mark.parametrize("at", [16, 16 + 10922, 16 + 2 * 10922, 100])
+def test_field_names_that_raise_give_that_error_on_both_packers(at, monkeypatch):
+    """``fill_frame`` read ``same_names``' -1 (an exception) as "same names" and packed on with the
+    exception set: a SystemError. Now the row's own error, as the pure-Python packer gives it."""
+    rows = [_named(float(i), i) for i in range(at + 5000)]
+    rows[at] = _named(-1.0, at)
+    outcome = _both(_fed(rows), monkeypatch)
+    if (at - 16) % 10922 == 0:  # a chunk's first row (chunks of 32,768 values): its names are read
+        assert outcome[:3] == ("error", ValueError, "no field names for x=-1.0")
+    else:
+        assert outcome[0] == "frames"
+
+
+@needs_native
+def test_fill_frame_stops_at_field_names_that_raise():
+    """It packed on past the row with the exception set, and returned a result with it set (a
+    SystemError where the call is checked, else the error surfaces later, anywhere); now the
+    row's ValueError, at once."""
+    rows = [_named(0.5, i) for i in range(8)]
+    rows[4] = _named(-0.5, 4)
+    plan = codec.row_plan(pack_rows(rows[:2]), rows[0])
+    assert plan is not None and plan.rowtype is _Named
+    columns = [np.zeros(8), np.zeros(8, np.int64)]
+    specs = tuple((*spec, column) for spec, column in zip(plan.specs, columns))
+    source = iter(rows)
+    with pytest.raises(ValueError, match="no field names for x=-0.5"):
+        codec.native.fill_frame(source, _Named, 2, ["x", "y"], specs, 0, 8, 2)
+    assert next(source) is rows[5]  # it stopped at the row that raised
+
+
+class _Plain(tuple):  # type: ignore[type-arg]
+    """A tuple subclass with tuple's own constructor (``_Plain(1.0, 2)`` is a TypeError)."""
+
+
+@needs_native
+def test_rows_of_a_plain_tuple_subclass_pack_as_without_the_c_packer(monkeypatch):
+    """Rebuilt as ``rowtype(*values)``: a TypeError with the C packer, the row's InputError without."""
+    rows = [_Plain((float(i), i)) for i in range(200)]
+    rows[100] = _Plain((1.0, None))
+    outcome = _both(_fed(rows), monkeypatch)
+    assert outcome[:2] == ("error", InputError) and outcome[3][2] == 100
+
+
+class _Described(tuple):  # type: ignore[type-arg]
+    """A tuple row whose field names are a property of its class (no setter)."""
+
+    @property
+    def __fields__(self) -> list[str]:
+        return ["x", "y"]
+
+
+@needs_native
+def test_rows_whose_field_names_are_a_class_property_pack_as_without_the_c_packer(monkeypatch):
+    """Rebuilding such rows (``rebuilt_rows``, after a row ``fill_frame`` leaves over) cannot
+    set their names: an AttributeError with the C packer, frames without it."""
+    rows = [_Described((float(i), i)) for i in range(200)]
+    rows[100] = _Described((1.0, None))
+    outcome = _both(_fed(rows), monkeypatch)
+    assert outcome[:2] == ("error", InputError) and outcome[3][2] == 100
+
+
+class _Odd(float):
+    """A float whose ``float()`` is not its stored value (numpy reads ``float()``)."""
+
+    def __float__(self) -> float:
+        return 99.0
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [([1.0], 1.0), ([1.0], _Odd(1.5))],  # a float label among floats
+        [(1.0, 2.0), (_Odd(1.5), 2.0)],
+        [([1.0, 2.0], 1.0)] * 40 + [([1.0, _Odd(1.5)], _Odd(2.5))] * 30,  # past the head: fill_frame
+        [([1.0, 2.0], 1.0)] * 5000 + [([1.0, 2.0], _Odd(2.5))],
+        [([1.0, 2.0], 1.0), ([1.0, _Odd(2.0)], 1.0)],
+        [1.0, _Odd(1.5)],
+    ],
+)
+def test_a_float_subclass_packs_the_same_with_and_without_the_c_packer(rows, monkeypatch):
+    """The C packer wrote a float subclass's stored value where the pure-Python packer asks
+    numpy, which calls ``__float__``: other frames (12 of 6,497 differential cases)."""
+    _both(_packed(rows), monkeypatch)
+    _both(_fed(rows), monkeypatch)
+
+
+@needs_native
+def test_numpy_float64_values_stay_on_the_c_path(monkeypatch):
+    """numpy.float64 (a float subclass whose ``float()`` is its value) is still packed in C."""
+    real, used = codec.native, []
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def pack_column(self, *args: Any) -> bool:
+            used.append(real.pack_column(*args))
+            return used[-1]
+
+    monkeypatch.setattr(codec, "native", Spy())
+    batch = pack_rows([(list(np.arange(8.0) + i), np.float64(i)) for i in range(10)])
+    assert used == [True, True] and batch.columns[1].tolist() == list(range(10))

@@ -13,8 +13,9 @@
  *
  * Writes the values in native byte order, the bytes numpy/struct write for them, and returns
  * True. Returns False (what it wrote does not count) at the first thing it does not handle: a
- * row or value of another type or length; a number that is not a float (or float subclass, such
- * as numpy.float64), an exact int or a bool (numpy.float32, str, None, ...); a float for "q";
+ * row or value of another type or length; a number that is not an exact float, a numpy.float64,
+ * an exact int or a bool (numpy.float32, str, None, a subclass of float or int, which may
+ * override __float__ or __index__ that numpy calls: plain_float below); a float for "q";
  * an int beyond int64. The caller then packs
  * the rows in pure Python, which gives the result or the error (with its row number), so
  * results and messages are the pure-Python ones. Bad arguments (a short or read-only buffer,
@@ -37,6 +38,29 @@
 
 _Static_assert(sizeof(double) == 8 && sizeof(long long) == 8, "float64 and int64 are 8 bytes");
 
+/* numpy.float64, once a value of it was seen (a static type: it lives as long as the process). */
+static PyTypeObject *float64_type = NULL;
+
+/* A float whose stored value is what float() gives and numpy reads: an exact float, or a
+ * numpy.float64 (numpy's own C type, a float subclass storing its value as a float does). Any
+ * other subclass may override __float__ (numpy calls it; the stored value is not it), or look
+ * like a sequence to numpy: 0, the caller falls back. */
+static inline int
+plain_float(PyObject *v)
+{
+    PyTypeObject *type = Py_TYPE(v);
+
+    if (type == &PyFloat_Type || type == float64_type) {
+        return 1;
+    }
+    if (float64_type == NULL && PyFloat_Check(v) && !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+        strcmp(type->tp_name, "numpy.float64") == 0) {
+        float64_type = type; /* a class made in Python is a heap type, whatever its name */
+        return 1;
+    }
+    return 0;
+}
+
 /* pack_number's cases other than an exact float for "d" (kept out of line: the loop stays small). */
 static int
 pack_other(PyObject *v, int as_double, char *dst)
@@ -45,8 +69,8 @@ pack_other(PyObject *v, int as_double, char *dst)
     long long i;
     double d;
 
-    if (PyFloat_Check(v)) { /* a float or a subclass (numpy.float64): its value, as struct/numpy read it */
-        if (!as_double) {
+    if (PyFloat_Check(v)) { /* numpy.float64: its value, as struct/numpy read it; other subclasses fall back */
+        if (!as_double || !plain_float(v)) {
             return -1;
         }
         d = PyFloat_AS_DOUBLE(v);
@@ -329,8 +353,10 @@ pack_arrays(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
  * - a chunk's first row (row r with r % size == 0) sets a chunk's layout there: it must be of
  *   exactly `rowtype` with `fields` items and, for a rowtype other than list and tuple
  *   (pyspark's Row), `__fields__` equal to `names` (None: none); a number exactly a float ("d")
- *   or an int ("q"); a list/tuple of numbers exactly of `valuetype`, of floats (or subclasses)
- *   and exact ints within int64, with a float iff "d" (number_code's rule);
+ *   or an int ("q"); a list/tuple of numbers exactly of `valuetype`, of exact floats (or
+ *   numpy.float64s) and exact ints within int64, with a float iff "d" (number_code's rule);
+ *   an exception while reading `__fields__` propagates at once (the pure-Python packer reads
+ *   them there too, with getattr, and raises it);
  * - every later row of a chunk is handled as pack_column/pack_arrays handle it.
  *
  *   specs  a tuple of column specs, one per column:
@@ -412,9 +438,9 @@ parse_spec(PyObject *spec, colspec *c, Py_ssize_t fields, Py_ssize_t stop)
     return stop <= c->out.len / c->rowbytes ? 0 : -1;
 }
 
-/* numpy's dtype for a non-empty exact list or tuple of floats (float subclasses too) and exact
- * ints within int64: 1 float64 (any float), 0 int64, -1 anything else (bools, other types,
- * bigger ints, nesting, empty: numpy decides). Reads no more than it must. */
+/* numpy's dtype for a non-empty exact list or tuple of exact floats (and numpy.float64s) and
+ * exact ints within int64: 1 float64 (any float), 0 int64, -1 anything else (bools, other types,
+ * float subclasses, bigger ints, nesting, empty: numpy decides). Reads no more than it must. */
 static int
 sequence_code(PyObject *value)
 {
@@ -427,7 +453,7 @@ sequence_code(PyObject *value)
     PyObject **items = PySequence_Fast_ITEMS(value);
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *v = items[i];
-        if (PyFloat_Check(v)) {
+        if (plain_float(v)) {
             any_float = 1;
             continue;
         }
@@ -474,7 +500,8 @@ pack_value(PyObject *row, PyObject *rowtype, Py_ssize_t fields, const colspec *c
 }
 
 /* A Row's field names are the frame's (rows of other tuple subclasses: getattr(row, "__fields__",
- * None) == names): 1, 0, or -1 with an exception set. */
+ * None) == names): 1, 0, or -1 with an exception set (reading them raised other than
+ * AttributeError, as getattr(row, "__fields__", None) would: the caller stops there). */
 static int
 same_names(PyObject *row, PyObject *rowtype, PyObject *names)
 {
@@ -516,7 +543,8 @@ fill_rows(PyObject *rows, const chunk *k, Py_ssize_t start, Py_ssize_t stop, PyO
             return PyErr_Occurred() ? -1 : r;
         }
         int first = r % k->size == 0;
-        int ok = !first || same_names(row, k->rowtype, k->names);
+        /* not `!first || same_names(...)`: that makes same_names' -1 (an exception) a 1 */
+        int ok = first ? same_names(row, k->rowtype, k->names) : 1;
         for (Py_ssize_t j = 0; ok == 1 && j < k->ncols; j++) {
             ok = pack_value(row, k->rowtype, k->fields, &k->cols[j], r, first) == 0;
         }

@@ -391,8 +391,8 @@ def _native_columns(rows: Sequence[Any], names: list[str] | None, scratch: Scrat
     packs the rows in Python) without the C packer, or where any row or value is not like the first."""
     first = rows[0]
     rowtype = type(first)
-    if native is None or type(rows) not in _SEQUENCES or not _plain_row_type(rowtype):
-        return None
+    if native is None or type(rows) not in _SEQUENCES or not _plain_row_type(rowtype) or not len(first):
+        return None  # an empty first row: no column would count the rows (pack_rows refuses it)
     columns = []
     for j in range(len(first)):
         key = names[j] if names else j
@@ -485,6 +485,16 @@ def _ragged_rows(rows: Sequence[Any], width: int, partition: int | None, first_r
     return InputError("rows are not all tuples/lists", partition=partition, row=first_row)
 
 
+def _empty_row(row: Any, partition: int | None, first_row: int) -> InputError:
+    """An empty row cannot be fed: columns count rows, and a row of no fields gives no column."""
+    return InputError(
+        f"empty row: received an empty {type(row).__name__} (0 fields); a row is a value, or a "
+        "tuple, list, Row or dict of at least one value",
+        partition=partition,
+        row=first_row,
+    )
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """How ``_pack.c``'s ``fill_frame`` packs rows like a batch's first row, one at a time, into
@@ -505,7 +515,7 @@ def row_plan(batch: ColumnBatch, first: Any) -> RowPlan | None:
         return None
     if batch.layout == "scalar":
         rowtype, fields, values = None, 0, [first]
-    elif _plain_row_type(type(first)):
+    elif _plain_row_type(type(first)) and _rebuildable(type(first)):
         rowtype, fields, values = type(first), len(first), list(first)
     else:
         return None
@@ -516,6 +526,13 @@ def row_plan(batch: ColumnBatch, first: Any) -> RowPlan | None:
             return None
         specs.append((j if rowtype is not None else -1, *spec))
     return RowPlan(rowtype, fields, tuple(specs), batch)
+
+
+def _rebuildable(rowtype: type) -> bool:
+    """:func:`rebuilt_rows` can make rows of ``rowtype`` that pack as the originals: a list, a
+    tuple, or a tuple subclass whose field names (if any) are an instance attribute, as pyspark's
+    ``Row`` keeps them (not a property or class attribute that a rebuilt row could not set)."""
+    return rowtype in _SEQUENCES or not any("__fields__" in vars(cls) for cls in rowtype.__mro__)
 
 
 def _value_spec(column: Any, value: Any) -> tuple[Any, ...] | None:
@@ -563,11 +580,12 @@ def rebuilt_rows(plan: RowPlan, columns: list[np.ndarray], start: int, end: int)
         return [list(row) for row in zip(*values)]
     if plan.rowtype is tuple:
         return list(zip(*values))
+    new = tuple.__new__  # a tuple subclass's own constructor may take other arguments (namedtuple's, Row's)
     if not plan.like.names:
-        return [plan.rowtype(*row) for row in zip(*values)]
+        return [new(plan.rowtype, row) for row in zip(*values)]
     rows = []
     for row in zip(*values):  # pyspark's Row: a tuple whose __fields__ name its values
-        rebuilt: Any = tuple.__new__(plan.rowtype, row)
+        rebuilt: Any = new(plan.rowtype, row)
         rebuilt.__fields__ = list(plan.like.names)
         rows.append(rebuilt)
     return rows
@@ -589,20 +607,29 @@ def pack_rows(
     """Turn Python rows (scalars, arrays, tuples/lists, dicts, Rows) into a ColumnBatch.
 
     Every row must have the layout of the first; violations raise InputError naming the column,
-    partition and row (counted from the start of the partition). With ``scratch``, columns of
-    large arrays reuse its memory (see :class:`Scratch`).
+    partition and row (counted from the start of the partition). An empty row (``()``, ``[]``,
+    ``Row()``, ``{}``) is one: its batch would have no column to count the rows by. With
+    ``scratch``, columns of large arrays reuse its memory (see :class:`Scratch`).
     """
     first = rows[0]
+    if isinstance(first, (tuple, list, dict)) and not len(first):
+        raise _empty_row(first, partition, first_row)
     if isinstance(first, dict):
         names = list(first)
         try:
             cols = [[row[k] for row in rows] for k in names]
             if any(len(row) != len(names) for row in rows):  # extra keys would be dropped silently
                 raise KeyError
-        except (KeyError, TypeError):
-            bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict) or set(r) != set(names))
+        except Exception:  # indexing a row that is not such a dict may raise anything (a Row: AttributeError)
+            bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict) or set(r) != set(names)), None)
+            if bad is None:
+                raise  # every row is a dict of these keys: its own error
+            got = rows[bad]
+            what = f"keys {list(got)}" if isinstance(got, dict) else f"a {type(got).__name__}, not a dict with keys"
             raise InputError(
-                f"row has keys other than the first row's {names}", partition=partition, row=first_row + bad
+                f"row has keys other than the first row's {names}: received {what}",
+                partition=partition,
+                row=first_row + bad,
             ) from None
         return ColumnBatch(
             [_column(c, n, partition, first_row, scratch) for c, n in zip(cols, names)],
