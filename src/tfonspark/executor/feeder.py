@@ -56,6 +56,18 @@ _DRIVER_FEEDS = uuid.uuid4().hex[:16]
 _FEED_NUMBERS = itertools.count()
 
 
+class _Tally:
+    """The rows taken from one partition's source (Spark's iterator of rows, its pickled batches
+    or Arrow record batches), counted where they are taken, a chunk at a time, apart from how
+    they are packed: ``FeedEnd`` says this number, so a row lost in packing shows on the node as
+    a count mismatch (``FeedServer._end``), not as a shorter partition."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+
 @dataclass(frozen=True)
 class FeedTarget:
     """A node that accepts fed data."""
@@ -143,37 +155,42 @@ class Feeder:
 
     # ---- batching ----------------------------------------------------------------------------
     @staticmethod
-    def _row_batches(partition: int, rows: Iterator[Any], first_row: int = 0) -> Iterator[ColumnBatch]:
+    def _row_batches(
+        partition: int, rows: Iterator[Any], first_row: int = 0, tally: _Tally | None = None
+    ) -> Iterator[ColumnBatch]:
         """Pack rows into batches of about 4 MB, from chunks of at most 32,768 Python values;
         a small first chunk measures the row size. Chunks of rows like the first (numbers, flat
         lists/tuples of numbers, arrays) are packed row by row as the rows come (:func:`_frames`).
+        ``tally`` counts the rows taken from ``rows`` (see :class:`_Tally`).
 
         Columns reuse buffers (:class:`Scratch`): each batch must be sent before the next is
         asked for.
         """
         # PySpark may hand a partition as a re-iterable (a ``range`` from ``parallelize``, the
         # list a user's ``mapPartitions`` returned): islice on it would restart at row 0 forever
-        rows = iter(rows)
+        rows, tally = iter(rows), tally if tally is not None else _Tally()
         with paused():
             first = list(itertools.islice(rows, 16))
+            tally.rows += len(first)
             if not first:
                 return
-            head = pack_rows(first, partition, first_row, Scratch())
+            head = pack_rows(first, partition, first_row, Scratch())  # an empty row: InputError
         values = max(_python_values(first[0]), 1)  # the rows are like the first
-        per_row = max(head.nbytes // head.count, 1)
+        per_row = max(head.nbytes // len(first), 1)
         frame_rows = max(1, min(65536, _TARGET_BYTES // per_row))
         size = max(1, min(frame_rows, _CHUNK_VALUES // values))
         plan = row_plan(head, first[0])
+        first_row += len(first)
         del first
         yield head
-        yield from _frames(partition, rows, first_row + head.count, (size, frame_rows), plan)
+        yield from _frames(partition, rows, first_row, (size, frame_rows), plan, tally)
 
     # ---- training ----------------------------------------------------------------------------
-    def _send_partition(
-        self, link: _Link, batches: Iterator[ColumnBatch], train: bool, names: list[str] | None = None
-    ) -> int:
-        """Stream ``batches`` over ``link``; stop early if the node asks to."""
-        m.send_message(link.conn, self._start(link, train, names))
+    def _send_partition(self, link: _Link, batches: Iterator[ColumnBatch], train: bool, tally: _Tally) -> int:
+        """Stream ``batches`` over ``link``, then ``FeedEnd`` with the rows ``tally`` counted
+        taken (not the rows sent: the node checks that they all arrived); stop early if the node
+        asks to. The rows taken, or sent so far where the node stopped the feed."""
+        m.send_message(link.conn, self._start(link, train))
         count = 0
         for batch in batches:
             if link.stop_requested():
@@ -181,20 +198,22 @@ class Feeder:
             link.conn.send(*encode_batch(batch))
             count += batch.count
         if not link.terminated:
-            m.send_message(link.conn, m.FeedEnd(count))
+            m.send_message(link.conn, m.FeedEnd(tally.rows))
+            return tally.rows
         return count
 
-    def _train(self, partition: int, batches: Iterator[ColumnBatch]) -> int:
+    def _train(self, partition: int, batches: Iterator[ColumnBatch], tally: _Tally) -> int:
         _freeze_worker_heap()
         first = next(batches, None)
         if first is None:  # empty partitions need no connection
+            _check_none_taken(partition, tally)
             return 0
         # the link is opened here, not inside _send_partition, so that a failure while sending
         # still becomes link.fail(...) (FeedTimeout naming the node) and the link is closed
         link = _Link(self, partition)
         try:
             link.conn.offer_ring()  # same host: frames through shared memory (this thread alone sends, reads)
-            count = self._send_partition(link, itertools.chain([first], batches), True)
+            count = self._send_partition(link, itertools.chain([first], batches), True, tally)
             if link.terminated:
                 return count
             reply: m.Message = m.Pending()
@@ -213,31 +232,34 @@ class Feeder:
             link.conn.close()
 
     def train_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[int]:
-        yield self._train(partition, self._row_batches(partition, rows))
+        tally = _Tally()
+        yield self._train(partition, self._row_batches(partition, rows, 0, tally), tally)
 
     def train_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[int]:
         """``train_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
-        yield self._train(partition, decoded_batches(partition, blobs))
+        tally = _Tally()
+        yield self._train(partition, decoded_batches(partition, blobs, tally), tally)
 
     def train_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = _partition_id(TaskContext.get())
-        count = self._train(partition, _arrow_batches(partition, batches))
+        partition, tally = _partition_id(TaskContext.get()), _Tally()
+        count = self._train(partition, _arrow_batches(partition, batches, tally), tally)
         yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
 
     # ---- inference ---------------------------------------------------------------------------
-    def _infer(self, partition: int, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
+    def _infer(self, partition: int, batches: Iterator[ColumnBatch], tally: _Tally) -> Iterator[ColumnBatch]:
         """Send the partition from a thread while results stream back here, in order."""
         _freeze_worker_heap()
         first = next(batches, None)
         if first is None:
+            _check_none_taken(partition, tally)
             return
         link = _Link(self, partition)
         sent: dict[str, Any] = {"count": None, "error": None}
         sender = threading.Thread(
-            target=self._infer_send, args=(link, partition, itertools.chain([first], batches), sent), daemon=True
+            target=self._infer_send, args=(link, itertools.chain([first], batches), sent, tally), daemon=True
         )
         sender.start()
         received = 0
@@ -271,15 +293,14 @@ class Feeder:
         finally:
             link.conn.close()
 
-    def _infer_send(self, link: _Link, partition: int, batches: Iterator[ColumnBatch], sent: dict[str, Any]) -> None:
-        count = 0
+    def _infer_send(self, link: _Link, batches: Iterator[ColumnBatch], sent: dict[str, Any], tally: _Tally) -> None:
+        """Send the partition, then ``FeedEnd`` with the rows taken (see :meth:`_send_partition`)."""
         try:
             m.send_message(link.conn, self._start(link, False))
             for batch in batches:
                 link.conn.send(*encode_batch(batch))
-                count += batch.count
-            m.send_message(link.conn, m.FeedEnd(count))
-            sent["count"] = count
+            m.send_message(link.conn, m.FeedEnd(tally.rows))
+            sent["count"] = tally.rows
         except InputError as exc:
             sent["error"] = exc
             link.conn.close()
@@ -287,12 +308,14 @@ class Feeder:
             sent["error"] = link.fail(exc)
 
     def infer_rdd(self, partition: int, rows: Iterator[Any]) -> Iterator[Any]:
-        for result in self._infer(partition, self._row_batches(partition, rows)):
+        tally = _Tally()
+        for result in self._infer(partition, self._row_batches(partition, rows, 0, tally), tally):
             yield from result.rows(as_fed=True)  # what map_fun passed to batch_results, as in TFoS
 
     def infer_pickled(self, partition: int, blobs: Iterator[bytes]) -> Iterator[Any]:
         """``infer_rdd`` over the RDD's pickled batches (see :func:`pickled_batches`)."""
-        for result in self._infer(partition, decoded_batches(partition, blobs)):
+        tally = _Tally()
+        for result in self._infer(partition, decoded_batches(partition, blobs, tally), tally):
             yield from result.rows(as_fed=True)
 
     def infer_arrow(self, schema_json: str) -> Any:
@@ -301,8 +324,8 @@ class Feeder:
         def run(batches: Iterator[Any]) -> Iterator[Any]:
             from pyspark import TaskContext
 
-            partition = _partition_id(TaskContext.get())
-            for result in self._infer(partition, _arrow_batches(partition, batches)):
+            partition, tally = _partition_id(TaskContext.get()), _Tally()
+            for result in self._infer(partition, _arrow_batches(partition, batches, tally), tally):
                 yield columns_to_arrow(result, schema_json)
 
         return run
@@ -343,14 +366,16 @@ def rdd_feed(rdd: Any, by_rows: Callable[..., Any], by_pickles: Callable[..., An
     return raw.mapPartitionsWithIndex(by_pickles)
 
 
-def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBatch]:
+def decoded_batches(partition: int, blobs: Iterator[bytes], tally: _Tally | None = None) -> Iterator[ColumnBatch]:
     """Batches of about 4 MB from a partition's pickled batches of rows.
 
     Batches whose rows :class:`PickledRows` recognises become columns without unpickling; from
     the first one it does not, the rest of the partition is unpickled (as PySpark does) and
     packed as rows, so results, errors and their row numbers are those of ``train_rdd``.
+    ``tally`` counts the rows of each pickled batch as it is read (see :class:`_Tally`).
     """
     blobs, decoder, scratch = iter(blobs), PickledRows(), Scratch()
+    tally = tally if tally is not None else _Tally()
     pending: list[ColumnBatch] = []
     first_row = 0
     for blob in blobs:
@@ -361,8 +386,9 @@ def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBa
             pending = []
         if batch is None:
             rows = itertools.chain.from_iterable(map(_unpickle, itertools.chain([blob], blobs)))
-            yield from Feeder._row_batches(partition, rows, first_row)
+            yield from Feeder._row_batches(partition, rows, first_row, tally)
             return
+        tally.rows += batch.count
         pending.append(batch)
         if sum(b.nbytes for b in pending) >= _TARGET_BYTES:
             yield _joined(pending, scratch)
@@ -373,25 +399,34 @@ def decoded_batches(partition: int, blobs: Iterator[bytes]) -> Iterator[ColumnBa
 
 
 def _frames(
-    partition: int, rows: Iterator[Any], first_row: int, sizes: tuple[int, int], plan: RowPlan | None = None
+    partition: int,
+    rows: Iterator[Any],
+    first_row: int,
+    sizes: tuple[int, int],
+    plan: RowPlan | None = None,
+    tally: _Tally | None = None,
 ) -> Iterator[ColumnBatch]:
     """``rows`` packed in chunks of ``size`` rows, joined into batches of ``frame_rows`` rows
-    (``sizes``); with ``plan``, chunks of rows like it row by row (:meth:`_Frames.stream`)."""
+    (``sizes``); with ``plan``, chunks of rows like it row by row (:meth:`_Frames.stream`).
+    ``tally`` counts the rows taken from ``rows``, a call or chunk at a time."""
     size, frame_rows = sizes
-    frames = _Frames(partition, frame_rows, size)
+    frames, tally = _Frames(partition, frame_rows, size), tally if tally is not None else _Tally()
     while True:
         # live row tuples would be traversed and promoted by every collection meanwhile (~1 us a
         # tabular row, a quarter of the feed); they hold no cycles and die right after packing
         with paused():
-            count, chunk, ended = (
-                frames.stream(rows, plan) if plan is not None and frames.streams(plan) else (0, [], False)
+            count, chunk, ended, taken = (
+                frames.stream(rows, plan) if plan is not None and frames.streams(plan) else (0, [], False, 0)
             )
             first_row += count
             if chunk is None:  # packed as they came, up to a full frame or the end of the rows
+                tally.rows += taken
                 done = ended
                 ready = frames.flush() if done else frames.full()
             else:
-                chunk.extend(itertools.islice(rows, size - len(chunk)))
+                held = len(chunk)  # the rows fill_frame left over (taken: counted in ``taken``)
+                chunk.extend(itertools.islice(rows, size - held))
+                tally.rows += taken + len(chunk) - held
                 done = len(chunk) < size  # the rows ended: the frame ends here too
                 ready = frames.add(chunk, first_row) if chunk else []
                 ready += frames.flush() if done else []
@@ -427,12 +462,13 @@ class _Frames:
         """The next chunk may be packed row by row: the frame is empty or laid out as ``plan``."""
         return self.first is None or self.first is plan.like or _same_layout(self.first, plan.like)
 
-    def stream(self, rows: Iterator[Any], plan: RowPlan) -> tuple[int, list[Any] | None, bool]:
+    def stream(self, rows: Iterator[Any], plan: RowPlan) -> tuple[int, list[Any] | None, bool, int]:
         """Rows pulled from ``rows`` into the frame until it is full, each packed as it comes (in
         the CPU caches still, with no second copy) and dropped, exactly as :meth:`add` would pack
-        them chunk by chunk: (rows packed, None, whether ``rows`` ended); or, from a row it does
-        not handle, (the whole chunks packed before it, that row's chunk so far with that row,
-        False), for :meth:`add` to pack as before."""
+        them chunk by chunk: (rows packed, None, whether ``rows`` ended, rows taken); or, from a
+        row it does not handle, (the whole chunks packed before it, that row's chunk so far with
+        that row, False, rows taken), for :meth:`add` to pack as before. Rows taken: those
+        ``fill_frame`` pulled from ``rows``, as it counts them, whatever it packed."""
         new = self.first is None
         if new:
             self._allocate(plan.like)
@@ -443,8 +479,8 @@ class _Frames:
             self.first, self.ref = plan.like, rebuilt_rows(plan, self.columns, 0, 1)[0]
         self.rows = done
         if leftover is None:
-            return done - start, None, end < stop
-        return done - start, [*rebuilt_rows(plan, self.columns, done, end), *leftover], False
+            return done - start, None, end < stop, end - start
+        return done - start, [*rebuilt_rows(plan, self.columns, done, end), *leftover], False, end - start + 1
 
     def add(self, chunk: list[Any], first_row: int) -> list[ColumnBatch]:
         """Pack ``chunk``; the frames now complete, to be sent before the next ``add``."""
@@ -563,12 +599,21 @@ def _python_values(row: Any) -> int:
     return 0 if isinstance(row, np.ndarray) else 1
 
 
-def _arrow_batches(partition: int, batches: Iterator[Any]) -> Iterator[ColumnBatch]:
+def _arrow_batches(partition: int, batches: Iterator[Any], tally: _Tally) -> Iterator[ColumnBatch]:
+    """Each non-empty Arrow record batch as columns; ``tally`` counts its rows as it comes."""
     first_row = 0
     for rb in batches:
+        tally.rows += rb.num_rows
         if rb.num_rows:
             yield arrow_to_columns(rb, partition, first_row)
             first_row += rb.num_rows
+
+
+def _check_none_taken(partition: int, tally: _Tally) -> None:
+    """A partition that gave no batch took no row (else packing lost them all: no connection
+    would be opened, so no node could see the count)."""
+    if tally.rows:
+        raise FeedError(f"partition {partition}: {tally.rows} rows were taken but none was packed into a batch")
 
 
 def _attempt() -> int:
