@@ -62,6 +62,9 @@ class NodeConfig:
     spare_processes: bool = True  # the setting: False = no spare and no standby (executor/spare.py, standby.py)
     debug: dict[str, object] | None = None  # tf.debugging per node (tfprocess/debugging.Debug.to_dict); None: off
     data_service: str | None = None  # the tf.data dispatcher of run(data_service=N), "grpc://host:port"
+    # settings read on the node too that the driver took as the default (the node's own variable may
+    # replace those only); None: not known (a config made by hand), compare with the default
+    defaulted: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
@@ -79,12 +82,19 @@ class NodeConfig:
             raise ConfigError("the cluster secret is too short")
         for name in settings.CONFIG_SETTINGS:
             settings.check(name, getattr(self, name), source="NodeConfig")
+        if self.defaulted is not None:  # from JSON: a list
+            object.__setattr__(self, "defaulted", tuple(str(name) for name in self.defaulted))
 
     def on_node(self, environ: Mapping[str, str] | None = None) -> NodeConfig:
         """This config as a node sees it: settings also read on the node (``TENSORBOARD_PORT``,
         ``TFONSPARK_COLLECTIVE``) take the node's own variable where the driver had the default."""
+        known = self.defaulted
         changes = {
-            s.name: settings.node_value(s.name, getattr(self, s.name), environ) for s in settings.SETTINGS if s.on_node
+            s.name: settings.node_value(
+                s.name, getattr(self, s.name), environ, defaulted=None if known is None else s.name in known
+            )
+            for s in settings.SETTINGS
+            if s.on_node
         }
         return dataclasses.replace(self, **changes)
 

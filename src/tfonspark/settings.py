@@ -429,8 +429,14 @@ class Resolved:
     def node_fields(self) -> dict[str, Any]:
         """The settings ``NodeConfig`` carries, as its keyword arguments: those the nodes need,
         and the driver-side waits the driver's ``Cluster`` reads from its config (the rendezvous
-        server's and ``legacy_keras``, which ``run()`` turns into the nodes' choice, stay here)."""
-        return {name: getattr(self, name) for name in CONFIG_SETTINGS}
+        server's and ``legacy_keras``, which ``run()`` turns into the nodes' choice, stay here),
+        and ``defaulted``: the settings read on the node too that the driver took as the default,
+        which the node may take from its own environment (:func:`node_value`)."""
+        fields: dict[str, Any] = {name: getattr(self, name) for name in CONFIG_SETTINGS}
+        on_node = [s.name for s in SETTINGS if s.on_node]
+        known = all(name in self.sources for name in on_node)  # a Resolved made by hand may not know
+        fields["defaulted"] = tuple(n for n in on_node if self.sources[n] == _DEFAULT) if known else None
+        return fields
 
 
 #: The settings ``NodeConfig`` carries (:meth:`Resolved.node_fields`).
@@ -634,15 +640,25 @@ def derived_waits_table() -> str:
 
 
 def node_value(
-    name: str, resolved: Any, environ: Mapping[str, str] | None = None, source: str = _NODE_ENVIRONMENT
+    name: str,
+    resolved: Any,
+    environ: Mapping[str, str] | None = None,
+    source: str = _NODE_ENVIRONMENT,
+    defaulted: bool | None = None,
 ) -> Any:
     """On a node: the driver's ``resolved`` value, or the node's own variable where the driver
     resolved the default (only for settings read on the node, e.g. ``TENSORBOARD_PORT``).
 
+    ``defaulted``: whether the driver took the default, i.e. no keyword, Spark conf or driver
+    environment gave the setting (:meth:`Resolved.node_fields` ships it). A value given on the
+    driver is never replaced, even one equal to the default (``run(collective="auto")``).
+    None (unknown: a config made by hand, or code outside a cluster) compares with the default.
     ``environ`` defaults to ``os.environ``; ``source`` names it in errors.
     """
     setting = _BY_NAME[name]
-    if not setting.on_node or resolved != setting.default:
+    if defaulted is None:
+        defaulted = resolved == setting.default
+    if not setting.on_node or not defaulted:
         return resolved
     found, value = _env_value(setting, os.environ if environ is None else environ, source)
     return value if found else resolved

@@ -394,16 +394,6 @@ def test_every_entry_point_refuses_a_setting_given_both_ways_before_any_work(ent
         call()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "settings.node_value treats a driver value equal to the default as 'the driver had the default' "
-        "and lets the node's own variable replace it: run(collective='auto') or a Spark conf "
-        "tensorboardPort=0 is silently replaced by TFONSPARK_COLLECTIVE/TENSORBOARD_PORT on the executor. "
-        "Fix: NodeConfig carries which settings the driver resolved from the default "
-        "(Resolved.sources == 'the default') and node_value consults that, not the value"
-    ),
-)
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s.on_node], ids=lambda s: s.name)
 def test_an_explicit_driver_value_equal_to_the_default_is_not_replaced_on_the_node(setting):
     node_env = {setting.env[0]: VALUES[setting.name][1]}
