@@ -8,7 +8,6 @@ node's port, so no TensorFlow is imported. Killed, it comes back at the same por
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -25,7 +24,6 @@ from tfonspark.config import NodeConfig
 from tfonspark.driver.node_events import NodeEvents, ServerRestart, how_it_died
 from tfonspark.driver.ps import PSCluster
 from tfonspark.errors import NodeFailed
-from tfonspark.executor.standby import reserve_again
 from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
 from tfonspark.testing import FakeDriver
@@ -204,58 +202,11 @@ def test_only_a_serving_worker_killed_by_a_signal_restarts(job, code, restarts, 
     assert not sup._may_restart(code)
 
 
-def test_a_serving_worker_killed_by_a_signal_gets_its_port_again():
+def test_a_serving_worker_killed_by_a_signal_restarts_until_the_limit():
     sup = _supervisor("worker", 3)
-    held = socket.socket()
-    held.bind(("127.0.0.1", 0))
-    port = held.getsockname()[1]
-    held.close()
     assert sup._may_restart(-9)
-    sock = Supervisor._port_again(port, None)
-    assert sock.getsockname()[1] == port and sock.get_inheritable()
-    sock.close()
     sup.restarts = 3
     assert not sup._may_restart(-9)  # spent
-
-
-def _bind(port: int, reuse: bool) -> socket.socket | None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if reuse:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError as exc:
-        sock.close()
-        assert exc.errno == errno.EADDRINUSE
-        return None
-    return sock
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux bind() rules")
-def test_reserve_again_binds_past_a_dead_servers_connections_and_holds_the_port():
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("0.0.0.0", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = server.accept()
-    accepted.close()  # the server's side closes first: its connection lingers (FIN_WAIT/TIME_WAIT)
-    server.close()
-    try:
-        assert _bind(port, reuse=False) is None  # what host.reserve_port would meet
-        held = reserve_again(port, wait=0)
-        try:
-            assert _bind(port, reuse=True) is None and _bind(port, reuse=False) is None  # nobody beside it
-            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the hand-over to TF's server
-            again = _bind(port, reuse=True)
-            assert again is not None
-            again.listen()
-            again.close()
-        finally:
-            held.close()
-    finally:
-        client.close()
 
 
 # ---- the driver's side --------------------------------------------------------------------------
@@ -299,3 +250,141 @@ def test_leaving_the_block_with_tfs_error_raises_the_node_failure_behind_it():
         raise KeyboardInterrupt
     with pytest.raises(ValueError), _ps_cluster(RuntimeError("other")):  # the block's own error otherwise
         raise ValueError("the block's own")
+
+
+# ---- forged ServerRestarted events (issue 43, row 8) ---------------------------------------------
+
+GANG_SECRET = bytes.fromhex(SECRET_HEX)
+GANG_CLUSTER = "forged-restarts"
+
+
+@pytest.fixture
+def gang_of(caplog):
+    """A real rendezvous server and gang (ps:0, worker:0, worker:1) whose watcher hands events to
+    the driver's ``NodeEvents``; ``gang_of(restarts)`` gives ``(gang, send, sync)``: ``send(node,
+    event)`` writes an event on that node's supervisor connection, ``sync()`` waits until all sent
+    so far were handed out. No TF process: the events are what a TF process could forge."""
+    from tfonspark.driver.gang import Gang
+    from tfonspark.driver.launcher import LocalLauncher
+    from tfonspark.driver.plan import plan_roles
+    from tfonspark.driver.rendezvous import RendezvousServer
+    from tfonspark.driver.reports import ReportLog
+    from tfonspark.wire import framing as f
+
+    made: list[tuple[RendezvousServer, Gang, list[f.Connection]]] = []
+
+    def start(restarts: int):
+        roles = plan_roles(3, num_ps=1)
+        server = RendezvousServer(GANG_CLUSTER, roles, GANG_SECRET, "127.0.0.1")
+        config = _config(cluster_id=GANG_CLUSTER, server_restarts=restarts)
+        seen: list[object] = []
+        on_event = NodeEvents(ReportLog(lambda report: seen.append(report.metrics.get("sync"))), None)  # type: ignore[arg-type]
+        gang = Gang(server, config, roles, LocalLauncher(), on_event, lambda: None)
+        conns = []
+        for role in roles:
+            conn = f.connect(server.address, GANG_SECRET, timeout=10)
+            conn.settimeout(30)
+            port = 21000 + role.executor_id
+            m.send_message(conn, m.Register(role.executor_id, "127.0.0.1", port, "k", os.getpid(), GANG_CLUSTER))
+            conns.append(conn)
+        for conn in conns:
+            assert isinstance(m.recv_message(conn, m.ClusterReady), m.ClusterReady)
+        gang._watcher.start()  # as Gang.start does, without launching supervisors
+        made.append((server, gang, conns))
+        names = {role.name: conn for role, conn in zip(roles, conns)}
+
+        def send(node: str, event: ev.NodeEvent) -> None:
+            m.send_message(names[node], event)
+
+        def sync() -> None:
+            marker = time.perf_counter_ns()
+            for conn in conns:
+                m.send_message(conn, ev.Reported({"sync": marker}))
+            assert wait_until(lambda: seen.count(marker) == len(conns), 120)
+
+        return gang, send, sync
+
+    with caplog.at_level(logging.WARNING, logger="tfonspark"):
+        yield start
+    for server, gang, conns in made:
+        for conn in conns:
+            conn.close()
+        gang.closed = True
+        server.close()
+
+
+def _restart_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "restart" in r.getMessage()]
+
+
+def test_a_flood_of_forged_restarts_keeps_only_what_a_supervisor_could_have_sent(gang_of, caplog):
+    """Before: every event was kept and logged: 20,100 records and 20,100 WARNING lines (200,000: +42 MiB)."""
+    gang, send, sync = gang_of(3)
+    for i in range(20_000):  # a TF process counting up past the limit
+        send("worker:0", ev.ServerRestarted(restart=i + 1, limit=3, exit_code=-9, down_s=0.1))
+    for _ in range(100):  # a ps never restarts in place
+        send("ps:0", ev.ServerRestarted(restart=1, limit=3, exit_code=-9, down_s=0.1))
+    sync()
+    kept = list(gang.server_restarts)
+    assert [(r.node, r.restart) for r in kept] == [("worker:0", 1), ("worker:0", 2), ("worker:0", 3)]
+    assert gang.server_restarts.refused == 20_000 - 3 + 100
+    lines = _restart_lines(caplog)
+    assert len(lines) <= 3 + 2 * 10 + 20, f"{len(lines)} WARNING lines"
+    assert any("refused" in line and "ps:0" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("node", "fields", "restarts", "said"),
+    [
+        ("worker:0", {"restart": 4}, 3, "restart 4 of a limit of 3"),
+        ("worker:0", {"restart": 0}, 3, "restart 0"),
+        ("worker:0", {"limit": 99}, 3, "limit 99"),
+        ("worker:0", {"exit_code": 1}, 3, "exit code 1"),
+        ("ps:0", {}, 3, "only a worker restarts in place"),
+        ("worker:1", {}, 0, "server_restarts=0"),
+    ],
+)
+def test_a_restart_no_supervisor_could_have_made_is_refused_and_said_so(gang_of, caplog, node, fields, restarts, said):
+    gang, send, sync = gang_of(restarts)
+    event = {"restart": 1, "limit": restarts, "exit_code": -9, "down_s": 0.2, **fields}
+    send(node, ev.ServerRestarted(**event))
+    sync()
+    assert list(gang.server_restarts) == [] and gang.server_restarts.refused == 1
+    lines = _restart_lines(caplog)
+    assert len(lines) == 1 and node in lines[0] and said in lines[0], lines
+    assert "restarted in place (" not in lines[0]  # not the genuine restart's WARNING
+
+
+def test_a_restart_number_seen_before_is_refused(gang_of, caplog):
+    gang, send, sync = gang_of(3)
+    for restart in (1, 1, 2, 1):
+        send("worker:1", ev.ServerRestarted(restart=restart, limit=3, exit_code=-9, down_s=0.2))
+    sync()
+    assert [r.restart for r in gang.server_restarts] == [1, 2] and gang.server_restarts.refused == 2
+
+
+def test_genuine_restarts_of_each_worker_are_kept_and_logged_once_each(gang_of, caplog):
+    gang, send, sync = gang_of(3)
+    for node, restart in [("worker:0", 1), ("worker:1", 1), ("worker:0", 2), ("worker:0", 3), ("worker:1", 2)]:
+        send(node, ev.ServerRestarted(restart=restart, limit=3, exit_code=-9, down_s=0.2))
+    sync()
+    kept = [(r.node, r.restart) for r in gang.server_restarts]  # two connections: interleaved as they came
+    assert [r for r in kept if r[0] == "worker:0"] == [("worker:0", 1), ("worker:0", 2), ("worker:0", 3)]
+    assert [r for r in kept if r[0] == "worker:1"] == [("worker:1", 1), ("worker:1", 2)]
+    assert len(gang.server_restarts) == 5 and gang.server_restarts.refused == 0
+    lines = _restart_lines(caplog)
+    assert len(lines) == 5 and all("restarted in place (" in line for line in lines)
+
+
+def test_with_a_huge_limit_the_records_and_the_log_stay_bounded(gang_of, caplog):
+    from tfonspark.driver.gang import KEEP_SERVER_RESTARTS
+
+    gang, send, sync = gang_of(10**6)  # max_restarts=1_000_000
+    total = KEEP_SERVER_RESTARTS + 2_000
+    for i in range(total):
+        send("worker:0", ev.ServerRestarted(restart=i + 1, limit=10**6, exit_code=-9, down_s=0.1))
+    sync()
+    kept = list(gang.server_restarts)
+    assert len(kept) == KEEP_SERVER_RESTARTS and gang.server_restarts.dropped == 2_000
+    assert kept[0].restart == 2_001 and kept[-1].restart == total  # the latest, oldest first
+    assert len(_restart_lines(caplog)) <= 100 + 5

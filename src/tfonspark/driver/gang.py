@@ -9,13 +9,14 @@ failure, and tears down.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..config import NodeConfig
@@ -29,7 +30,7 @@ from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
 from .stopping import StopFile
 
-__all__ = ["SPARK_SETTINGS", "Gang", "LiveNodes", "node_failed"]
+__all__ = ["KEEP_SERVER_RESTARTS", "SPARK_SETTINGS", "Gang", "LiveNodes", "ServerRestarts", "node_failed"]
 
 log = logging.getLogger(__name__)
 _TAIL_LINES = 40
@@ -37,6 +38,97 @@ _SETTLE_SECS = 1.0  # how long other nodes get to report their own failure
 SPARK_SETTINGS = (
     "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
 )
+KEEP_SERVER_RESTARTS = 1_000
+"""How many restarts in place a gang keeps (``cluster.server_restarts``): the latest."""
+_LOGGED_RESTARTS = 100  # restarts handed on to be logged one by one; then 1 in 1,000
+
+
+def _often(count: int) -> bool:
+    """Whether the ``count``-th refused restart is logged: the first 10, then 1 in 1,000 (and each node's first)."""
+    return count <= 10 or count % 1000 == 0
+
+
+class ServerRestarts:
+    """The restarts in place a gang's workers announced (``ServerRestarted``), oldest first; bounded.
+
+    The TF process can write any event on its node's connection, so a ``ServerRestarted`` is
+    accepted only where a supervisor could have sent it (:meth:`refusal`): from a worker, in a
+    cluster whose workers restart in place (``limit`` = ``NodeConfig.server_restarts`` > 0), as
+    its next restart (numbers rise per node, 1 to ``limit``), after a death by a signal. So a node
+    adds at most ``limit`` records. Of those, the latest ``keep`` are kept (``dropped`` counts
+    the older ones) and ``refused`` counts the rest, logged at a bounded rate (each node's first,
+    the first 10, then 1 in 1,000).
+    """
+
+    def __init__(self, roles: Sequence[NodeRole], limit: int, keep: int = KEEP_SERVER_RESTARTS) -> None:
+        self.limit = limit
+        self.refused = 0  # events refused: no supervisor could have sent them
+        self.dropped = 0  # accepted records past ``keep``, oldest first
+        self.accepted = 0
+        self._jobs = {role.name: role.job_name for role in roles}
+        self._last: dict[str, int] = {}  # node -> the last restart number accepted from it
+        self._refused_from: set[str] = set()  # nodes with a refused event: each one's first is logged
+        self._kept: collections.deque[ServerRestart] = collections.deque(maxlen=max(keep, 1))
+
+    def refusal(self, node: str, event: ServerRestarted) -> str:
+        """Why no supervisor could have sent ``event`` from ``node`` (``""``: one could)."""
+        if self._jobs.get(node) != "worker":
+            return "only a worker restarts in place, never a ps, chief or evaluator"
+        if self.limit <= 0:
+            return "this cluster's workers do not restart in place (server_restarts=0)"
+        if event.limit != self.limit:
+            return f"limit {event.limit}; this cluster's is {self.limit}"
+        last = self._last.get(node, 0)
+        if not last < event.restart <= self.limit:
+            return (
+                f"restart {event.restart} of a limit of {self.limit}; the next of this node can only be "
+                f"{last + 1} to {self.limit}"
+                if last < self.limit
+                else f"restart {event.restart}; this node has had all {self.limit}"
+            )
+        if event.exit_code >= 0:
+            return f"exit code {event.exit_code}; only a server killed by a signal (exit code < 0) restarts"
+        return ""
+
+    def add(self, node: str, event: ServerRestarted) -> bool:
+        """Record ``event`` from ``node``, or refuse it (logged at a bounded rate); whether it was recorded."""
+        why = self.refusal(node, event)
+        if why:
+            self.refused += 1
+            first = node not in self._refused_from
+            self._refused_from.add(node)
+            if first or _often(self.refused):
+                log.warning(
+                    "refused a ServerRestarted event from node %s: %s. Only the node's supervisor sends "
+                    "one, after restarting a worker's TF server in place (%d refused so far)",
+                    node,
+                    why,
+                    self.refused,
+                )
+            return False
+        self._last[node] = event.restart
+        if len(self._kept) == self._kept.maxlen:
+            self.dropped += 1
+        self._kept.append(ServerRestart.of(node, event))
+        self.accepted += 1
+        return True
+
+    def loud(self) -> bool:
+        """Whether the restart just added is logged on its own: the first 100 of a gang, then 1 in 1,000."""
+        if self.accepted == _LOGGED_RESTARTS + 1:
+            log.warning(
+                "over %d TF servers restarted in place: from now on 1 in 1,000 is logged; "
+                "cluster.server_restarts keeps the latest %d",
+                _LOGGED_RESTARTS,
+                self._kept.maxlen,
+            )
+        return self.accepted <= _LOGGED_RESTARTS or self.accepted % 1000 == 0
+
+    def __iter__(self) -> Iterator[ServerRestart]:
+        return iter(list(self._kept))
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
 
 def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
@@ -121,7 +213,8 @@ class Gang:
         self.detect_s = 0.0  # from then until check() saw it
         self.teardown_s = 0.0  # how long tearing down after it took
         self.closed = False
-        self.server_restarts: list[ServerRestart] = []  # workers' TF servers restarted in place, oldest first
+        # workers' TF servers restarted in place, oldest first (bounded; forged ones refused)
+        self.server_restarts = ServerRestarts(roles, config.server_restarts)
         self._launches: list[LaunchHandle] = []
         self._stop_files: list[str] = []
         self._on_event, self._cancel_feeds = on_event, cancel_feeds
@@ -264,10 +357,15 @@ class Gang:
         self._hand_out(server.take_events())  # those that came with the nodes' last messages
 
     def _hand_out(self, events: list[tuple[NodeState, NodeEvent]]) -> None:
-        """Hand each event to ``on_event``, noting a worker server's restart first."""
+        """Hand each event to ``on_event``, noting a worker server's restart first.
+
+        A ``ServerRestarted`` no supervisor could have sent is refused and not handed on; past
+        the first 100 restarts only 1 in 1,000 is (each is logged there).
+        """
         for node, event in events:
-            if isinstance(event, ServerRestarted):
-                self.server_restarts.append(ServerRestart.of(node.role.name, event))
+            restarts = self.server_restarts
+            if isinstance(event, ServerRestarted) and not (restarts.add(node.role.name, event) and restarts.loud()):
+                continue
             self._on_event(node, event)
 
     def teardown(self, grace_secs: float, final: bool = False) -> None:
