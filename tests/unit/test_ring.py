@@ -296,6 +296,56 @@ def test_a_payload_outside_the_ring_is_refused(unix_pair, position, length, matc
     _refused(unix_pair, ring.control(b"F", position, length), match=match)
 
 
+U64 = 2**64
+
+
+@pytest.mark.parametrize("capacity", [256 * KB, 250 * KB])  # 2**64 a whole number of turns, and not
+@pytest.mark.parametrize("back", [100 * KB, 1, 64])  # how far before 2**64 the payload starts
+def test_a_payload_ending_past_the_last_u64_turn_is_refused(monkeypatch, capacity, back):
+    """Before (issue 43, row 9): it passed ``check()``; then ``control(b"R", end)`` raised ``struct.error``."""
+    monkeypatch.setattr(ring, "CAPACITY", capacity)
+    server, client = _pair()
+    server.settimeout(5)
+    try:
+        _ring_in_use((server, client))
+        position = U64 - back
+        length = min(back, capacity - position % capacity)  # within the ring: only the end is past 2**64 - 1
+        assert position % capacity + length <= capacity and position + length >= U64
+        _send_raw(client.sock, ring.control(b"F", position, length))
+        with pytest.raises(ProtocolError, match="2\\*\\*64"):
+            server.recv()
+    finally:
+        server.close()
+        client.close()
+
+
+def test_any_place_in_the_last_turns_is_refused_or_read_never_another_error(monkeypatch):
+    """Every (position, length) a peer can send near 2**64: a ProtocolError or a payload, never struct.error."""
+    capacity = 250 * KB
+    monkeypatch.setattr(ring, "CAPACITY", capacity)
+    top = U64 - 1
+    cases = [
+        (top - k, n)
+        for k in (0, 1, 63, 64, capacity - 1, capacity, 2 * capacity + 7)
+        for n in (0, 1, 64 * KB, capacity)
+    ]
+    for position, length in cases:
+        server, client = _pair()
+        server.settimeout(5)
+        client.settimeout(5)
+        try:
+            _ring_in_use((server, client))
+            _send_raw(client.sock, ring.control(b"F", position, length))
+            try:
+                got = server.recv()
+            except ProtocolError:
+                continue
+            assert len(got) == length and position + length < U64
+        finally:
+            server.close()
+            client.close()
+
+
 def test_a_ring_frame_on_a_signed_connection_is_refused():
     a, b = socket.socketpair()
     server = f.Connection(a, KEY, False, signed=True)

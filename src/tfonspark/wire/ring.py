@@ -45,6 +45,7 @@ __all__ = ["BODY", "FLAG", "RecvRing", "SendRing", "control", "return_send_ring"
 
 FLAG = 0x80000000  # in a frame's length: a control frame of the ring
 BODY = struct.Struct(">cQQ")  # a control frame's payload: kind, two numbers
+MAX_POSITION = 2**64 - 1  # the largest number a control frame holds: every end must be at most this
 #: payloads at least this large go through the ring; smaller ones are cheaper on the socket
 MIN_PAYLOAD = 64 * 1024
 #: three 4 MB feed frames in flight: the sender rarely waits for the receiver's ``R``
@@ -196,11 +197,18 @@ class RecvRing:
         self._lock = threading.Lock()  # close() may come from another thread than read()
 
     def check(self, position: int, length: int) -> None:
-        """Raise unless ``length`` bytes at ``position`` lie in the ring, after what was read."""
+        """Raise unless ``length`` bytes at ``position`` lie in the ring, after what was read, and
+        end where an ``R`` frame can say (a u64: a peer may send a place in the last turn before
+        2**64 whose end is past it)."""
         if position < self.next or position % self.capacity + length > self.capacity:
             raise ProtocolError(
                 f"peer placed {length} bytes at ring position {position}; expected at least {self.next}, "
                 f"within {self.capacity} bytes"
+            )
+        if position + length > MAX_POSITION:
+            raise ProtocolError(
+                f"peer placed {length} bytes at ring position {position}: they end at {position + length}, "
+                "past 2**64 - 1, the last ring position a frame can name"
             )
 
     def read(self, position: int, length: int, into: memoryview) -> int:
