@@ -128,7 +128,7 @@ def test_a_row_lost_in_packing_fails_the_inference_feed(make_server, monkeypatch
     server = make_server()
     consumer = Bg(answer_all, DataFeed(server, train_mode=False), 500, lambda row: row[1], [])
     try:
-        with pytest.raises(FeedError):  # the node drops the connection (no count in the message yet)
+        with pytest.raises(FeedError, match=f"took {N} rows"):  # the node refuses it, naming both counts
             list(feeder_for(server).infer_rdd(4, iter(_tuples())))
     finally:
         close_feed(server)

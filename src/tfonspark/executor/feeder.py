@@ -277,6 +277,8 @@ class Feeder:
                         f"node {link.target.name} terminated the feed during inference "
                         f"of partition {partition}; {received} results were returned"
                     )
+                if isinstance(msg, m.Reject):  # e.g. rows lost on the way: the node refused the partition
+                    raise FeedError(f"node {link.target.name}: {msg.reason}")
                 if isinstance(msg, m.ResultsEnd):
                     break
             sender.join(self.feed_timeout)
