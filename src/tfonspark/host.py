@@ -19,6 +19,8 @@ __all__ = [
     "local_ip_towards",
     "remove_scratch",
     "reserve_port",
+    "seal_port",
+    "share_port",
 ]
 
 
@@ -97,6 +99,28 @@ def reserve_port(port: int = 0, ipv6: bool = True) -> socket.socket:
             raise
     sock.set_inheritable(True)
     return sock
+
+
+def share_port(sock: socket.socket) -> None:
+    """Let a socket that sets ``SO_REUSEADDR`` bind the reservation ``sock``'s port beside it.
+
+    Only for the moment a server is about to bind the port (TF's gRPC server sets the option and
+    cannot bind beside a reservation without it); any other user's socket with the option can do
+    the same meanwhile. A socket *without* the option still cannot (Linux).
+    """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+
+def seal_port(sock: socket.socket) -> None:
+    """Let no other socket bind the reservation ``sock``'s port again, whatever its options
+    (``SO_REUSEADDR`` off): after :func:`share_port`, once the server that bound it *listens*.
+
+    A server bound beside the reservation but not yet listening could not listen after this
+    (Linux checks again at ``listen``), so it comes only after the server's ``listen()``. While
+    the server listens, nobody binds the port anyway; this one keeps it so once the server is
+    gone, until the next server of the port (a restart in place) takes it.
+    """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
 
 
 def _dual_stack(port: int) -> socket.socket | None:

@@ -97,7 +97,8 @@ def test_killed_when_its_adopter_goes(started) -> None:
 
 # ---- who keeps a spare, and when it is kept ---------------------------------------------------
 def _config(**overrides) -> NodeConfig:
-    return NodeConfig(cluster_id="spare-test", driver_host="127.0.0.1", driver_port=1, secret_hex="0" * 32, **overrides)
+    fields = {"cluster_id": "spare-test", "driver_host": "127.0.0.1", "driver_port": 1, "secret_hex": "0" * 32}
+    return NodeConfig(**{**fields, **overrides})
 
 
 @pytest.mark.parametrize(
@@ -243,3 +244,49 @@ def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatc
             keeper.proc.kill()
         keeper.proc.wait()
         shutil.rmtree(short)
+
+
+# ---- issue 43, row 2: the adopted spare gets the reservation itself --------------------------------
+def _socket_inode(pid: int, fd: int) -> int:
+    """The inode of the socket at ``fd`` in process ``pid`` (0: not a socket)."""
+    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return int(target[len("socket:[") : -1]) if target.startswith("socket:[") else 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+def test_an_adopted_spare_holds_the_reservation_itself(tmp_path, monkeypatch) -> None:
+    """The adopter closed its reservation, then bound the spare's own socket: in between, another
+    user's bind() took the port (issue 43: 7-10 of 30 adoptions). Now the reserved socket itself
+    passes to the spare: the same socket (inode) at its port_fd, bound all along."""
+    import socket
+
+    from tfonspark.executor import supervisor as supervisor_module
+    from tfonspark.host import reserve_port
+
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(supervisor_module, "SPARE_DELAY_SECS", 0.0)
+    cluster = f"row2-unit-{os.getpid()}"
+    reserved = reserve_port()
+    port, inode = reserved.getsockname()[1], os.fstat(reserved.fileno()).st_ino
+    ready = m.ClusterReady("worker", 0, {"worker": [f"127.0.0.1:{port}"]})
+    before = Supervisor(_config(keep_spare=True, cluster_id=cluster), 0, [], b"")
+    before._keep_spare(ready)  # what the failed attempt's supervisor did
+    assert wait_until(lambda: os.path.exists(before._spare_paths()[0]), 20.0), "the keeper never listened"
+    before._release_spare((1, "Traceback"))
+    after = Supervisor(_config(attempt=1, cluster_id=cluster), 0, [], b"")
+    spare = after._adopt(ready, reserved)
+    try:
+        assert spare is not None and after.adopted
+        assert reserved.fileno() == -1  # no copy of ours: the spare's server alone releases the port
+        assert wait_until(lambda: _socket_inode(spare.pid, spare.port_fd) == inode, 20.0)
+        for family, address in [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::1")]:
+            for reuse in (0, 1):
+                with socket.socket(family) as other, pytest.raises(OSError, match="in use"):
+                    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
+                    other.bind((address, port))
+    finally:
+        if spare is not None:
+            spare.discard()

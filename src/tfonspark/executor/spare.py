@@ -16,9 +16,13 @@ attempt:
   ended in failure (a restart may follow), then exits. Without ``keep``, EOF on that stdin
   discards the spare at once; with it, the keeper waits up to :data:`SPARE_WAIT_SECS` for the
   next attempt's supervisor on the same executor;
-* that supervisor connects (:func:`adopt`), receives the spare's pipes and its unbound port
-  socket (``SCM_RIGHTS``), binds the socket to its reserved port and writes the new
-  attempt's environment (``TF_CONFIG``, ``TFONSPARK_ATTEMPT``) and the bootstrap. The keeper
+* that supervisor connects (:func:`adopt`), receives the spare's pipes (``SCM_RIGHTS``), hands
+  the spare its reserved port's socket itself (:meth:`Adopted.give_port`: ``SCM_RIGHTS`` again,
+  on the spare's stdin, a Unix socket; the spare puts it at its ``port_fd``), and writes the new
+  attempt's environment (``TF_CONFIG``, ``TFONSPARK_ATTEMPT``) and the bootstrap. The
+  reservation is passed, never closed and bound again, so no other process can take the port
+  in between (issue 43: closing it first, then binding the spare's own socket, let another
+  user's ``bind()`` take the port in 7-10 of 30 adoptions). The keeper
   stays the spare's parent only to send its exit status (:class:`Adopted`), so a spare killed
   by a signal is reported as such; if the adopter goes, the keeper kills the spare.
 
@@ -50,7 +54,6 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..host import process_alive, remove_scratch
-from .standby import unbound_socket
 
 __all__ = [
     "SPARE_CODE",
@@ -60,6 +63,7 @@ __all__ = [
     "Keeper",
     "adopt",
     "env_digest",
+    "receive_port",
     "spare_paths",
 ]
 
@@ -71,12 +75,14 @@ VOLATILE_ENV = ("TF_CONFIG", "TFONSPARK_ATTEMPT", "TMPDIR", "TMP", "TEMP")
 """What differs between the spare's environment and the adopter's: set anew (or kept: its temp dir)."""
 _POLL_SECS = 0.1
 _HELLO_BYTES = 64 * 1024
+_PORT_MESSAGE = b"P"  # what comes with the port's socket on a spare's stdin
 
 log = logging.getLogger(__name__)
 
-#: what a spare runs: TensorFlow and what every TF process imports (none reads the environment
-#: when imported), then one line of environment (JSON) and the TF process's entry, which reads
-#: its bootstrap. EOF instead of that line: discarded.
+#: what a spare runs (``python -c SPARE_CODE PORT_FD label...``): TensorFlow and what every TF
+#: process imports (none reads the environment when imported), then its port's socket at
+#: ``PORT_FD`` (:func:`receive_port`), one line of environment (JSON) and the TF process's entry,
+#: which reads its bootstrap. EOF instead of either: discarded.
 SPARE_CODE = """\
 import json, os, runpy, sys
 import tfonspark.tfimport
@@ -85,7 +91,8 @@ import tensorflow
 import tfonspark.tfprocess.context, tfonspark.tfprocess.feedserver, tfonspark.tfprocess.hints  # what the entry imports
 from pyspark import cloudpickle
 from tfonspark.host import remove_scratch
-line = sys.stdin.buffer.readline()
+from tfonspark.executor.spare import receive_port
+line = sys.stdin.buffer.readline() if receive_port(int(sys.argv[1])) else b""
 if not line:
     remove_scratch(os.environ.get("TMPDIR", ""))
     sys.exit(0)
@@ -145,6 +152,27 @@ def _private_dir(path: str) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
+def receive_port(port_fd: int, channel_fd: int = 0) -> bool:
+    """In a spare: wait for the adopting supervisor's port socket on ``channel_fd`` (its stdin, a
+    Unix socket) and put it at ``port_fd`` (the number its bootstrap names); False at EOF.
+
+    Reads exactly the one byte the socket comes with, so what follows (the environment line,
+    the bootstrap) stays for ``sys.stdin``.
+    """
+    channel = socket.socket(fileno=channel_fd)
+    try:
+        message, fds, _, _ = socket.recv_fds(channel, len(_PORT_MESSAGE), 1)
+    finally:
+        channel.detach()  # fd 0 stays open: the entry reads its bootstrap there
+    if message != _PORT_MESSAGE or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        return False
+    os.dup2(fds[0], port_fd)
+    os.close(fds[0])
+    return True
+
+
 def env_digest(env: dict[str, str]) -> str:
     """A digest of ``env`` without :data:`VOLATILE_ENV`: a spare is adopted only where it matches."""
     kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
@@ -186,8 +214,9 @@ class Keeper:
 class Adopted:
     """A spare handed over by its keeper, looking like the ``Popen`` of a TF process.
 
-    ``status_r`` is our read end of its status pipe, ``status_fd`` the write end as numbered in
-    it, ``sock`` its port socket (unbound), ``scratch`` its temp dir (ours to remove now).
+    ``stdin`` is our end of its stdin (a Unix socket: :meth:`give_port`), ``status_r`` our read
+    end of its status pipe, ``status_fd`` the write end as numbered in it, ``port_fd`` where its
+    port's socket goes in it, ``scratch`` its temp dir (ours to remove now).
     """
 
     pid: int
@@ -196,7 +225,6 @@ class Adopted:
     status_r: int
     status_fd: int
     port_fd: int
-    sock: socket.socket
     scratch: str
     conn: socket.socket
     returncode: int | None = None
@@ -234,6 +262,15 @@ class Adopted:
         assert self.returncode is not None
         return self.returncode
 
+    def give_port(self, sock: socket.socket) -> None:
+        """Hand it ``sock``, our reserved port's socket, which it then holds at its ``port_fd``.
+
+        The socket itself passes (``SCM_RIGHTS``): still bound, with no moment where the port is
+        free. Once this returns the caller may close its copy. OSError where the spare is gone.
+        """
+        with socket.socket(fileno=os.dup(self.stdin.fileno())) as channel:
+            socket.send_fds(channel, [_PORT_MESSAGE], [sock.fileno()])
+
     def set_env(self, env: dict[str, str]) -> None:
         """Give it the new attempt's ``env`` (one JSON line); its bootstrap follows on the same stdin."""
         with contextlib.suppress(OSError):
@@ -247,7 +284,6 @@ class Adopted:
                 stream.close()
         with contextlib.suppress(OSError):
             os.close(self.status_r)
-        self.sock.close()
         with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_RDWR)
         self.ended.wait(5.0)
@@ -276,18 +312,18 @@ def _take(path: str) -> tuple[dict[str, Any], Adopted] | None:
     try:
         conn.settimeout(5.0)
         conn.connect(path)
-        message, fds, _, _ = socket.recv_fds(conn, _HELLO_BYTES, 4)
+        message, fds, _, _ = socket.recv_fds(conn, _HELLO_BYTES, 3)
         conn.settimeout(None)
     except OSError:
         conn.close()
         return None
-    if len(fds) != 4 or not message:
+    if len(fds) != 3 or not message:
         for fd in fds:
             os.close(fd)
         conn.close()
         return None
     hello = json.loads(message)
-    stdin_fd, stdout_fd, status_r, sock_fd = fds
+    stdin_fd, stdout_fd, status_r = fds
     adopted = Adopted(
         pid=int(hello["pid"]),
         stdin=os.fdopen(stdin_fd, "wb"),
@@ -295,7 +331,6 @@ def _take(path: str) -> tuple[dict[str, Any], Adopted] | None:
         status_r=status_r,
         status_fd=int(hello["status_fd"]),
         port_fd=int(hello["port_fd"]),
-        sock=socket.socket(fileno=sock_fd),
         scratch=str(hello["scratch"]),
         conn=conn,
     )
@@ -326,47 +361,53 @@ def _listen(path: str) -> socket.socket:
 
 
 class _Spare:
-    """The keeper's side: the spare process, its pipes and port socket, and the listening socket."""
+    """The keeper's side: the spare process, its stdin and pipes, and the listening socket.
+
+    The spare's stdin is a Unix socket (``control`` our end), so that its adopter can pass it the
+    port's socket; until then its ``port_fd`` holds ``/dev/null``, only to keep that number.
+    """
 
     def __init__(self, path: str, label: list[str]) -> None:
         self.path, self.scratch = path, os.environ.get("TMPDIR", "")
         self.listener = _listen(path)
-        self.sock = unbound_socket()
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.port_fd = os.open(os.devnull, os.O_RDONLY)
         self.status_r, status_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", SPARE_CODE, *label],
-                stdin=subprocess.PIPE,
+                [sys.executable, "-c", SPARE_CODE, str(self.port_fd), *label],
+                stdin=theirs.fileno(),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(self.sock.fileno(), status_w),
+                pass_fds=(self.port_fd, status_w),
                 start_new_session=True,
             )
         except BaseException:
             os.close(self.status_r)
-            self.sock.close()
+            self.control.close()
             self.unlisten()
             raise
         finally:
             os.close(status_w)
+            os.close(self.port_fd)  # its number in the spare stays (inherited as numbered here)
+            theirs.close()
         self.status_w = status_w  # its number in the spare (inherited as numbered here)
 
     def hand_over(self, conn: socket.socket) -> None:
         """Send the spare to ``conn``'s supervisor, then drop our copies of what it now holds."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdout is not None
         hello = {
             "pid": self.proc.pid,
             "status_fd": self.status_w,
-            "port_fd": self.sock.fileno(),
+            "port_fd": self.port_fd,
             "scratch": self.scratch,
             "env": env_digest(dict(os.environ)),
         }
-        fds = [self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.status_r, self.sock.fileno()]
+        fds = [self.control.fileno(), self.proc.stdout.fileno(), self.status_r]
         socket.send_fds(conn, [json.dumps(hello).encode()], fds)
-        self.proc.stdin.close()
+        self.control.close()
         self.proc.stdout.close()
         os.close(self.status_r)
-        self.sock.close()
 
     def discard(self) -> None:
         """Kill the spare (its group) if it runs, reap it, remove its temp dir and our socket."""
@@ -374,6 +415,7 @@ class _Spare:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self.control.close()
         remove_scratch(self.scratch)
         self.unlisten()
 

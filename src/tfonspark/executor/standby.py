@@ -1,26 +1,28 @@
-"""Restarting a worker's TF server in place: its port reserved again, and a standby TF process.
+"""Restarting a worker's TF server in place: its port held throughout, and a standby TF process.
 
 A worker that only serves (``ps_cluster``, ``run(..., coordinator=True)``) and dies is started
 again at the same address by its supervisor (:mod:`.supervisor`). Two things make that fast and
 safe:
 
-* :func:`bind_again` reserves the dead server's port again. The server's connections linger
-  (``TIME_WAIT``, ``FIN_WAIT``), which a bind without ``SO_REUSEADDR`` refuses; so it binds with
-  the option, then turns it off on the bound socket, after which no other socket, with the
-  option or not, binds the port beside it (Linux). The hand-over to the new server then works as
-  at the first start (:mod:`tfonspark.tfprocess.server`).
+* The port is never free. The supervisor keeps its own copy of the node's reservation for the
+  node's whole life (``host.reserve_port``: no ``SO_REUSEADDR``), and each TF process of the
+  node gets that same socket as its ``port_fd``: its server binds beside it as at the first
+  start (:mod:`tfonspark.tfprocess.server`), and once the server listens the reservation is
+  sealed again (``host.seal_port``). So when the server dies, the reservation still holds the
+  port, against sockets with ``SO_REUSEADDR`` or without, until the next server binds beside it
+  (issue 43: binding the port again after the death let another user's ``SO_REUSEADDR`` socket
+  take it in the gap, at once). A socket with the option can still bind in TF's own start of
+  the new server, as at the first start.
 * A :class:`Standby` is the next TF process, started once the server accepts: TensorFlow
-  imported, waiting on stdin for its bootstrap, holding an unbound socket as its ``port_fd``.
-  At a restart the supervisor binds its own copy of that socket (the same socket: the standby's
-  descriptor is bound with it) and writes the bootstrap, so the new server starts without a
-  new interpreter importing TensorFlow (5-10 s of the restart on a busy host). It costs one idle
-  TF process per worker; the ``spare_processes`` setting off, none is started.
+  imported, waiting on stdin for its bootstrap, holding the reservation as its ``port_fd``
+  already. At a restart the supervisor writes the bootstrap, so the new server starts without
+  a new interpreter importing TensorFlow (5-10 s of the restart on a busy host). It costs one
+  idle TF process per worker; the ``spare_processes`` setting off, none is started.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import socket
@@ -31,10 +33,9 @@ from dataclasses import dataclass
 
 from ..host import remove_scratch
 
-__all__ = ["REBIND_SECS", "WARM_CODE", "Standby", "bind_again", "reserve_again", "unbound_socket", "wait_accepting"]
+__all__ = ["WARM_CODE", "Standby", "wait_accepting"]
 
-REBIND_SECS = 5.0  # how long a restart tries to bind its port again (a dying process group may hold it)
-_PROBE_SECS = 0.05  # between tries, and between connection attempts to a restarting server
+_PROBE_SECS = 0.05  # between connection attempts to a restarting server
 
 #: what a standby runs: TensorFlow imported first, then the TF process's entry, which waits for its
 #: bootstrap. A supervisor that dies first leaves EOF instead: the standby then removes its TMPDIR
@@ -55,13 +56,13 @@ except BaseException:
 
 @dataclass
 class Standby:
-    """A started TF process waiting for its bootstrap; ``sock`` is its ``port_fd``, unbound until a restart.
+    """A started TF process waiting for its bootstrap; ``port_fd`` is the node's reservation in it.
 
     ``status_fd`` is the write end of its status pipe as numbered in it; ``status_r`` our read end.
     """
 
     proc: subprocess.Popen[bytes]
-    sock: socket.socket
+    port_fd: int
     status_r: int
     status_fd: int
     scratch: str
@@ -70,7 +71,7 @@ class Standby:
         return self.proc.poll() is None
 
     def discard(self) -> None:
-        """Stop it (its whole process group) and free what it holds."""
+        """Stop it (its whole process group) and free what it holds (the port stays the supervisor's)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -78,57 +79,9 @@ class Standby:
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
-        self.sock.close()
         with contextlib.suppress(OSError):
             os.close(self.status_r)
         remove_scratch(self.scratch)
-
-
-def unbound_socket() -> socket.socket:
-    """A TCP socket for a reservation: ``[::]`` dual-stack where the host can have it, else IPv4."""
-    v6only = getattr(socket, "IPV6_V6ONLY", None)
-    if socket.has_ipv6 and v6only is not None:
-        with contextlib.suppress(OSError):
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.IPPROTO_IPV6, v6only, 0)
-                if not sock.getsockopt(socket.IPPROTO_IPV6, v6only):
-                    return sock
-            except OSError:
-                pass
-            sock.close()
-    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-
-
-def bind_again(sock: socket.socket, port: int, wait: float = REBIND_SECS) -> None:
-    """Bind ``sock`` (from :func:`unbound_socket`) to ``port``, which a server that just died held.
-
-    Retried for up to ``wait`` seconds while the port is in use; then ``EADDRINUSE`` is raised.
-    """
-    address = "::" if sock.family == socket.AF_INET6 else "0.0.0.0"
-    deadline = time.monotonic() + wait
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the dead server's connections
-    while True:
-        try:
-            sock.bind((address, port))
-            break
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
-                raise
-        time.sleep(_PROBE_SECS)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)  # and no one binds it beside us
-
-
-def reserve_again(port: int, wait: float = REBIND_SECS) -> socket.socket:
-    """A new inheritable socket bound to ``port`` by :func:`bind_again` (no standby to hand it to)."""
-    sock = unbound_socket()
-    try:
-        bind_again(sock, port, wait)
-    except BaseException:
-        sock.close()
-        raise
-    sock.set_inheritable(True)  # handed to the TF process, as at the first start
-    return sock
 
 
 def wait_accepting(address: tuple[str, int], timeout: float, done: threading.Event) -> bool:

@@ -36,7 +36,15 @@ from typing import IO
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..errors import ConfigError, ProtocolError
-from ..host import SCRATCH_PREFIX, executor_key, local_ip_towards, process_alive, remove_scratch, reserve_port
+from ..host import (
+    SCRATCH_PREFIX,
+    executor_key,
+    local_ip_towards,
+    process_alive,
+    remove_scratch,
+    reserve_port,
+    seal_port,
+)
 from ..settings import COLLECTIVE_ENV
 from ..wire import events as ev
 from ..wire import messages as m
@@ -46,7 +54,7 @@ from . import tfos_env
 from .gpus import assign as assign_gpus
 from .gpus import cuda_env
 from .spare import SPARE_DELAY_SECS, Adopted, Keeper, adopt, env_digest, spare_paths
-from .standby import WARM_CODE, Standby, bind_again, reserve_again, unbound_socket, wait_accepting
+from .standby import WARM_CODE, Standby, wait_accepting
 
 TAIL_LINES = 60
 MAX_EVENT_BYTES = 65 * 1024
@@ -100,6 +108,7 @@ class Supervisor:
         self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
         self.stop_final = False  # the driver's Stop said no cluster restart follows: the spare goes at once
         self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
+        self._held: socket.socket | None = None  # the node's reservation, kept by a worker that restarts in place
         self._keeper: Keeper | None = None  # the spare for the next attempt's node, while one may follow
         self.adopted = False  # the TF process is the previous attempt's spare (executor/spare.py)
         self.skipped = 0  # status lines from the TF process skipped (malformed, or nested too deep)
@@ -161,27 +170,25 @@ class Supervisor:
     ) -> tuple[int, str] | None:
         """Run the TF process, and again at the same port while :meth:`_may_restart` allows it.
 
-        Returns how the last one ended (exit code, traceback), or None where one could not start.
+        A worker that restarts in place keeps ``port_sock`` for its whole life (``_held``), so
+        the port is never free between two of its servers (``standby.py``). Returns how the last
+        one ended (exit code, traceback), or None where one could not start.
         """
-        port, standby = port_sock.getsockname()[1], None
+        standby = None
         self.job_name = ready.job_name
-        spare, port_sock = self._adopt(ready, port_sock)
+        spare = self._adopt(ready, port_sock)
+        self._held = port_sock if self._holds_port() else None
         while True:
             try:
                 ended = self._life(conn, ready, host, port_sock, spare or standby)
                 spare = None
             finally:
-                port_sock.close()  # the TF process holds the reservation now; it alone releases it
+                if self._held is None:
+                    port_sock.close()  # the TF process holds the reservation now; it alone releases it
             if ended is None or not self._may_restart(ended[0]):
                 return ended
+            seal_port(port_sock)  # sealed already, unless the server died in its own start
             died_at, standby = time.monotonic(), self._take_standby()
-            try:
-                port_sock = self._port_again(port, standby)
-            except OSError as exc:  # another process took the port meanwhile: the node fails as before
-                log.error("tfonspark supervisor: cannot reserve port %d again to restart the TF server: %s", port, exc)
-                if standby is not None:
-                    standby.discard()
-                return ended
             self.restarts += 1
             watch = (conn, _task_address(ready), self.restarts, ended[0], died_at)
             threading.Thread(target=self._announce_restart, args=watch, daemon=True, name="tfos-restart").start()
@@ -212,7 +219,8 @@ class Supervisor:
             return None
         finally:
             os.close(status_w)
-        port_sock.close()
+        if port_sock is not self._held:
+            port_sock.close()
         return self._follow(conn, proc, status_r, ready, host)
 
     def _follow(
@@ -231,8 +239,11 @@ class Supervisor:
             if not self.restarts:  # the first TF process: from now on the driver may stop it
                 self._start_watchers(conn)
             successor = self._successor()
-            if successor == "standby":  # its successor, ready to take over once it serves
-                threading.Thread(target=self._warm, args=(ready, host), daemon=True, name="tfos-standby").start()
+            if self._held is not None:  # a worker that restarts in place: its port sealed, its standby
+                standby = successor == "standby"
+                threading.Thread(
+                    target=self._warm, args=(ready, host, standby), daemon=True, name="tfos-standby"
+                ).start()
             elif successor == "spare":  # the next attempt's, should the cluster restart
                 threading.Thread(target=self._keep_spare, args=(ready,), daemon=True, name="tfos-spare").start()
             tee.start()
@@ -296,31 +307,35 @@ class Supervisor:
             return False
         return True
 
-    @staticmethod
-    def _port_again(port: int, standby: Standby | None) -> socket.socket:
-        """``port`` reserved again: on ``standby``'s socket if there is one, else on a new one."""
-        if standby is None:
-            return reserve_again(port)
-        bind_again(standby.sock, port)
-        return standby.sock
+    def _holds_port(self) -> bool:
+        """Whether the supervisor keeps the node's reservation across its TF processes: a worker
+        that restarts in place (it runs ``server.serve``: TF's server, never a user's ``bind``)."""
+        return self.job_name == "worker" and self.config.server_restarts > 0
 
-    def _warm(self, ready: m.ClusterReady, host: str) -> None:
-        """Once the TF server accepts, start its standby (if none waits yet)."""
+    def _warm(self, ready: m.ClusterReady, host: str, standby: bool) -> None:
+        """Once the TF server accepts: seal its port (``host.seal_port``), then, with ``standby``,
+        start its standby (if none waits yet)."""
         if not wait_accepting(_task_address(ready), self.config.reservation_timeout, self.done):
+            return
+        held = self._held
+        if held is not None:
+            with contextlib.suppress(OSError):
+                seal_port(held)  # the TF process did, after its server start; a Python bind's does not
+        if not standby:
             return
         with self._lock:
             if self._standby is not None or self.stop_asked:
                 return
         try:
-            standby: Standby | None = self._spawn_standby(ready, host)
+            spawned: Standby | None = self._spawn_standby(ready, host)
         except OSError as exc:  # no standby: a restart starts a new process, as without one
             log.warning("tfonspark supervisor: cannot start a standby TF process: %s", exc)
             return
         with self._lock:
             if self._standby is None and not self.stop_asked and not self.done.is_set():
-                self._standby, standby = standby, None
-        if standby is not None:
-            standby.discard()
+                self._standby, spawned = spawned, None
+        if spawned is not None:
+            spawned.discard()
 
     def _take_standby(self) -> Standby | None:
         """The standby, if one is alive (it then belongs to the caller)."""
@@ -369,30 +384,31 @@ class Supervisor:
             failed = ended is not None and ended[0] != 0
             keeper.release(keep=failed and not self.executor_gone and not self.stop_final)
 
-    def _adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> tuple[Adopted | None, socket.socket]:
-        """The previous attempt's spare on this executor, its socket bound to our port, if one matches.
+    def _adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> Adopted | None:
+        """The previous attempt's spare on this executor, if one matches, holding our reservation.
 
-        Returns it and the port's socket now (its own, or ``port_sock`` where there is none).
+        ``port_sock`` itself goes to the spare (:meth:`~.spare.Adopted.give_port`) and ours is
+        closed: the port is bound throughout. Where none is adopted, ``port_sock`` stays ours.
         """
-        if not self.config.attempt or ready.job_name not in SPARE_JOBS:
-            return None, port_sock
+        if not self.config.attempt or ready.job_name not in SPARE_JOBS or self._holds_port():
+            return None  # (a worker that restarts in place keeps its reservation: it keeps no spare either)
         try:
             spare = adopt(self._spare_paths(), env_digest(self._tf_env(ready, "")))
         except OSError as exc:
             log.warning("tfonspark supervisor: cannot look for a spare TF process: %s", exc)
-            return None, port_sock
+            return None
         if spare is None:
-            return None, port_sock
-        port = port_sock.getsockname()[1]
-        port_sock.close()  # the spare's socket takes the reservation over
+            return None
         try:
-            bind_again(spare.sock, port)
+            spare.give_port(port_sock)
         except OSError as exc:
+            port = port_sock.getsockname()[1]
             log.warning("tfonspark supervisor: cannot hand port %d to the spare TF process: %s", port, exc)
             spare.discard()
-            return None, reserve_again(port)
+            return None
+        port_sock.close()  # the spare holds the reservation now (it is its own: no copy of ours may keep the port)
         self.adopted = True
-        return spare, spare.sock
+        return spare
 
     def _wake_spare(self, spare: Adopted, ready: m.ClusterReady, host: str) -> Adopted:
         """Make the adopted ``spare`` the TF process: this attempt's environment, then its bootstrap."""
@@ -519,25 +535,26 @@ class Supervisor:
             write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
 
     def _spawn_standby(self, ready: m.ClusterReady, host: str) -> Standby:
-        """The next TF process, TensorFlow imported, waiting for its bootstrap (see :mod:`.standby`)."""
+        """The next TF process, TensorFlow imported, waiting for its bootstrap (see :mod:`.standby`),
+        holding the node's reservation (``_held``) as its ``port_fd`` already."""
+        assert self._held is not None
+        port_fd = self._held.fileno()
         scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")
-        sock = unbound_socket()
         status_r, status_w = os.pipe()
         try:
-            proc = self._popen(["-c", WARM_CODE], ready, self._tf_env(ready, scratch), (sock.fileno(), status_w))
+            proc = self._popen(["-c", WARM_CODE], ready, self._tf_env(ready, scratch), (port_fd, status_w))
         except BaseException:
-            sock.close()
             os.close(status_r)
             remove_scratch(scratch)
             raise
         finally:
             os.close(status_w)
-        return Standby(proc, sock, status_r, status_w, scratch)
+        return Standby(proc, port_fd, status_r, status_w, scratch)
 
     def _wake(self, standby: Standby, ready: m.ClusterReady, host: str) -> subprocess.Popen[bytes]:
-        """Make ``standby`` (its socket bound to the port) the TF process: send it its bootstrap."""
+        """Make ``standby`` (holding the port's reservation) the TF process: send it its bootstrap."""
         self.proc, self.scratch = standby.proc, standby.scratch
-        self._bootstrap(standby.proc, ready, host, standby.sock.fileno(), standby.status_fd)
+        self._bootstrap(standby.proc, ready, host, standby.port_fd, standby.status_fd)
         return standby.proc
 
     def _relay_status(self, conn: Connection, status: IO[str]) -> str:

@@ -49,6 +49,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ..errors import ReservationTimeout
+from ..host import seal_port, share_port
 from ..importhook import AfterImport
 
 __all__ = [
@@ -100,14 +101,22 @@ class PortHandover:
         """Let a socket that sets ``SO_REUSEADDR`` bind the port too (a server about to bind it)."""
         with self._lock:
             if self._sock is not None:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                share_port(self._sock)
 
-    def release(self) -> None:
-        """Close the reservation (idempotent); the last one released removes the hooks."""
+    def release(self, listening: bool = False) -> None:
+        """Close the reservation (idempotent); the last one released removes the hooks.
+
+        ``listening``: the server that took the port listens now, so the reservation is sealed
+        first (``host.seal_port``): where the supervisor holds it too (a worker that restarts in
+        place), nobody else binds the port once the server is gone. Not after a Python
+        ``bind()``: its socket listens only later, and could not beside a sealed reservation.
+        """
         with self._lock:
             sock, self._sock = self._sock, None
         if sock is None:
             return
+        if listening:
+            seal_port(sock)
         sock.close()
         _forget(self)
 
@@ -415,7 +424,7 @@ def _server_start(start: Callable[..., Any], name: str) -> Callable[..., Any]:
             return start(*args, **kwargs)
         finally:
             for handover in handovers:
-                handover.release()
+                handover.release(listening=True)
             if handovers:
                 _log.debug("port(s) %s handed over to TF's server (%s)", [h.port for h in handovers], name)
 
