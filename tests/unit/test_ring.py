@@ -211,18 +211,74 @@ def test_rings_mapped_at_once_are_kept_apart_and_only_the_last_few():
 
 
 def test_a_ring_offered_under_another_id_or_none_is_mapped_anew():
-    fd = _memfd(64 * KB, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-    kept = ring.RecvRing(os.dup(fd), 64 * KB, ident=7)
+    fd = _memfd(ring.CAPACITY, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    kept = ring.RecvRing(os.dup(fd), ring.CAPACITY, ident=7)
     kept.close()
     assert len(ring._kept) == 1
-    other = ring.RecvRing(os.dup(fd), 64 * KB, ident=8)  # the same file, another id
-    anonymous = ring.RecvRing(os.dup(fd), 64 * KB)  # an older sender: no id
+    other = ring.RecvRing(os.dup(fd), ring.CAPACITY, ident=8)  # the same file, another id
+    anonymous = ring.RecvRing(os.dup(fd), ring.CAPACITY)  # an older sender: no id
     os.close(fd)
     assert other.map is not ring._kept[kept.key] and anonymous.map is not ring._kept[kept.key]
     anonymous.close()
     assert anonymous.map.closed and len(ring._kept) == 1  # not kept: no id to know it by
     other.close()
     assert len(ring._kept) == 2
+
+
+MB = 1024 * KB
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _offered_and_closed(capacity: int, ident: int) -> None:
+    """A peer offers a sealed ring of ``capacity`` bytes under ``ident``, places one payload in it
+    (read by the receiver, which maps the ring), and the connection closes."""
+    server, client = _pair()
+    server.settimeout(5)
+    try:
+        fd = _memfd(capacity, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        _send_raw(client.sock, ring.control(b"O", capacity, ident), fd)
+        os.close(fd)  # the receiver's mapping alone keeps the file alive
+        _send_raw(client.sock, ring.control(b"F", 0, 100 * KB))
+        assert len(server.recv()) == 100 * KB
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
+def test_rings_of_another_size_than_the_senders_are_not_kept():
+    """Before (issue 43, row 12): 6 offers of 4 MB rings left 4 kept mappings, +16 MB of RSS
+    (of 64 MB rings: +256 MB)."""
+    before = _rss()
+    for ident in range(1, 7):
+        _offered_and_closed(4 * MB, ident)
+    grown = _rss() - before
+    assert grown < 2 * MB, f"RSS grew {grown / MB:.1f} MB"
+    assert ring.kept_bytes() == 0 and len(ring._kept) == 0
+
+
+def test_kept_mappings_are_bounded_in_bytes(monkeypatch):
+    monkeypatch.setattr(ring, "KEPT_BYTES", 2 * ring.CAPACITY + 1)  # room for two of the sender's rings
+    for ident in range(1, 5):
+        _offered_and_closed(ring.CAPACITY, ident)
+    assert len(ring._kept) == 2 and ring.kept_bytes() == 2 * ring.CAPACITY
+    assert [key[3] for key in ring._kept] == [3, 4]  # the latest, the oldest unmapped first
+
+
+def test_the_default_bounds_keep_at_most_64_mb_of_mappings():
+    assert ring.KEPT_MAPPINGS * ring.CAPACITY <= ring.KEPT_BYTES <= 64 * MB
+    assert ring.KEPT_BYTES >= 4 * 13 * MB  # four of the senders' real rings still fit
+
+
+def test_a_ring_larger_than_the_senders_need_is_refused(unix_pair):
+    """Each open connection maps at most ``MAX_CAPACITY`` (before: 64 MB; the sender's ring is 13 MB)."""
+    seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+    assert ring.MAX_CAPACITY <= 16 * MB
+    _refused(unix_pair, ring.control(b"O", 32 * MB, 9), _memfd(32 * MB, seals), "ring of 33554432 bytes")
 
 
 def test_signed_connections_never_use_a_ring():

@@ -41,7 +41,7 @@ try:
 except ImportError:  # not a POSIX platform: frames go over the socket
     fcntl: Any = None  # type: ignore[no-redef]
 
-__all__ = ["BODY", "FLAG", "RecvRing", "SendRing", "control", "return_send_ring", "take_send_ring"]
+__all__ = ["BODY", "FLAG", "RecvRing", "SendRing", "control", "kept_bytes", "return_send_ring", "take_send_ring"]
 
 FLAG = 0x80000000  # in a frame's length: a control frame of the ring
 BODY = struct.Struct(">cQQ")  # a control frame's payload: kind, two numbers
@@ -50,13 +50,17 @@ MAX_POSITION = 2**64 - 1  # the largest number a control frame holds: every end 
 MIN_PAYLOAD = 64 * 1024
 #: three 4 MB feed frames in flight: the sender rarely waits for the receiver's ``R``
 CAPACITY = 13 * 1024 * 1024
-#: the largest ring a receiver maps
-MAX_CAPACITY = 64 * 1024 * 1024
+#: the largest ring a receiver maps (each open connection maps at most one): ``CAPACITY`` and a margin
+MAX_CAPACITY = 16 * 1024 * 1024
 _ALIGN = 64  # payloads start on a cache line
 #: mappings a receiver keeps for the next offer of the same ring: a feeder's Python worker offers
 #: its ring again on every connection (one a partition), and mapping 13 MB (``MAP_POPULATE``)
-#: then unmapping it was ~10% of a TF process's CPU on a feed of MNIST rows
+#: then unmapping it was ~10% of a TF process's CPU on a feed of MNIST rows. Only rings of
+#: ``CAPACITY`` (what :func:`take_send_ring` makes) are kept, the latest ``KEPT_MAPPINGS``
+#: within ``KEPT_BYTES``: a peer offering ring after ring leaves at most that much mapped.
 KEPT_MAPPINGS = 4
+#: the most bytes of kept mappings (their pages stay resident: ``MAP_POPULATE``)
+KEPT_BYTES = 64 * 1024 * 1024
 _SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
 
 
@@ -180,7 +184,10 @@ class RecvRing:
             info = os.fstat(fd)
             seals = _seals(fd)
             if not 0 < capacity <= MAX_CAPACITY or not stat.S_ISREG(info.st_mode) or info.st_size < capacity:
-                raise ProtocolError(f"peer offered a ring of {capacity} bytes in a file of {info.st_size}")
+                raise ProtocolError(
+                    f"peer offered a ring of {capacity} bytes in a file of {info.st_size}; a ring is a regular "
+                    f"file of at least its size, 1 to {MAX_CAPACITY} bytes (MAX_CAPACITY)"
+                )
             if not seals & fcntl.F_SEAL_SHRINK:
                 raise ProtocolError("peer offered a ring that may shrink (no F_SEAL_SHRINK)")
             # the file and the sender's id: an inode number alone may be reused once the file is
@@ -246,13 +253,25 @@ def _mapping(key: tuple[int, int, int, int] | None, fd: int, capacity: int) -> m
 
 
 def _keep_mapping(key: tuple[int, int, int, int] | None, mapping: mmap.mmap) -> None:
-    """Keep ``mapping`` for its ring's next offer, the oldest beyond ``KEPT_MAPPINGS`` unmapped."""
+    """Keep ``mapping`` for its ring's next offer if the ring is of ``CAPACITY``; the oldest
+    beyond ``KEPT_MAPPINGS`` or ``KEPT_BYTES`` unmapped."""
     drop = [mapping]
-    if key is not None:
+    if key is not None and key[2] == CAPACITY <= KEPT_BYTES:
         with _kept_lock:
             if key not in _kept:  # else a second connection mapped the same ring meanwhile
                 _kept[key] = drop.pop()
-            while len(_kept) > KEPT_MAPPINGS:
+            while len(_kept) > KEPT_MAPPINGS or _kept_total() > KEPT_BYTES:
                 drop.append(_kept.popitem(last=False)[1])
     for old in drop:
         old.close()
+
+
+def _kept_total() -> int:
+    """The bytes of the kept mappings (``_kept_lock`` held); each key ends with its capacity."""
+    return sum(key[2] for key in _kept)
+
+
+def kept_bytes() -> int:
+    """The bytes of ring mappings this process keeps for a next offer (at most ``KEPT_BYTES``)."""
+    with _kept_lock:
+        return _kept_total()
