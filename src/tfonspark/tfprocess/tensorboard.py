@@ -1,7 +1,15 @@
-"""TensorBoard on the chief: a child of the TF process, in its process group, so it stops with it."""
+"""TensorBoard on the chief: a child of the TF process, in its process group, so it stops with it.
+
+It serves on the node's advertised address (the ``bind_host`` setting overrides it), so that the
+URL ``cluster.tensorboard_url()`` gives opens in a browser on the cluster's network. TensorBoard
+has no authentication: anyone who reaches that address reads the log directory (summaries,
+graphs, images of training data). So it binds that one address, never a wildcard unless
+``bind_host`` says so, and the chief logs a WARNING saying so whenever other hosts can reach it.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -35,11 +43,38 @@ def _probe_host(bind_host: str) -> str:
     return bind_host.strip("[]")
 
 
+def _loopback(bind_host: str) -> bool:
+    """Whether ``bind_host`` is a loopback address (only this host reaches it)."""
+    name = bind_host.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # a host name: whatever it resolves to may be reachable
+        return False
+
+
+def _say_who_reaches(log_dir: str, url: str, bind: str) -> None:
+    """Log where TensorBoard serves ``log_dir`` unauthenticated: WARNING unless on loopback only."""
+    if _loopback(bind):
+        log.info("TensorBoard serves %s at %s without authentication, to this host only", log_dir, url)
+        return
+    where = "every address of this host" if is_wildcard(bind) else bind.strip("[]")
+    log.warning(
+        "TensorBoard serves %s at %s without authentication: anyone who can reach %s can read it "
+        "(summaries, graphs, images of training data). Keep that port inside a private network; "
+        "the bind_host setting chooses the address it binds",
+        log_dir,
+        url,
+        where,
+    )
+
+
 def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0, bind_host: str = "") -> str:
     """Start TensorBoard over ``log_dir``; return its URL (on the advertised ``host``).
 
     TensorBoard binds ``bind_host``, or ``host`` when that is empty, at ``port``, or a free port
-    when that is 0. The caller passes the ``tensorboard_port`` setting (``NodeConfig``, which the
+    when that is 0; it serves without authentication, which is logged (module docstring). The caller passes the ``tensorboard_port`` setting (``NodeConfig``, which the
     supervisor has completed from the node's ``TENSORBOARD_PORT``); nothing is read here.
     """
     bind = bind_host or host
@@ -65,6 +100,7 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             with socket.create_connection((probe, port), timeout=1):
+                _say_who_reaches(log_dir, url, bind)
                 return url
         except OSError:
             time.sleep(0.2)
