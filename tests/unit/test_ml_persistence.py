@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import pickle
+import sys
 import threading
 
 import pyspark
@@ -241,10 +242,12 @@ def test_tampered_estimator_functions_are_refused(tmp_path, no_unpickling, field
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("os:system", "does not name a function defined there"),  # a re-export (posix.system)
+        ("tfonspark.ml.estimator:encode_function", "does not name a function defined there"),  # a re-export
+        ("os:system", "is a module of the standard library"),  # a re-export (posix.system), and stdlib
         ("os:__builtins__", "not {'ref': 'module:qualname'}"),  # dunders are never looked up
         ("os:path.__class__", "not {'ref': 'module:qualname'}"),
-        ("os:sep", "does not name a function"),  # not callable
+        ("tfonspark.ml.persistence:FUNCTION_FIELDS", "does not name a function"),  # not callable
+        ("os:sep", "is a module of the standard library"),
         ("tfonspark_no_such_module:f", "cannot be loaded: No module named"),
         ("..rel:f", "not {'ref': 'module:qualname'}"),
         ("os.system", "not {'ref': 'module:qualname'}"),
@@ -255,6 +258,76 @@ def test_references_must_name_a_callable_defined_there(tmp_path, no_unpickling, 
     _tamper(tmp_path / "e", train_fn={"ref": ref})
     with pytest.raises(ConfigError, match=rf"saved (field )?'?train_fn'? .*{message}"):
         TFEstimator.load(str(tmp_path / "e"))
+
+
+#: references into the standard library a tampered file could name (issue 43, row 14): every one is
+#: refused before its module is imported; before, builtins:exec, posix:system, subprocess:call and
+#: others loaded, and loading imported the module
+STDLIB_REFERENCES = [
+    "builtins:exec",
+    "builtins:eval",
+    "posix:system",
+    "os:system",
+    "os:execv",
+    "os.path:join",
+    "subprocess:call",
+    "subprocess:run",
+    "sys:exit",
+    "shutil:rmtree",
+    "importlib:import_module",
+    "pickle:loads",
+    "marshal:loads",
+    "ctypes:CDLL",
+    "socket:create_connection",
+    "pty:spawn",
+    "code:interact",
+    "runpy:run_path",
+    "webbrowser:open",
+    "antigravity:geohash",  # importing it opens a web browser
+    "this:x",  # importing it prints
+    "multiprocessing.util:spawnv_passfds",
+    "xml.etree.ElementTree:parse",
+    "_posixsubprocess:fork_exec",
+    "encodings:search_function",
+]
+
+
+@pytest.mark.parametrize("ref", STDLIB_REFERENCES)
+def test_references_into_the_standard_library_are_refused_before_any_import(tmp_path, no_unpickling, ref):
+    module = ref.partition(":")[0]
+    was_imported = module in sys.modules
+    TFEstimator(_train).save(str(tmp_path / "e"))
+    _tamper(tmp_path / "e", train_fn={"ref": ref})
+    with pytest.raises(ConfigError) as err:
+        TFEstimator.load(str(tmp_path / "e"))
+    text = str(err.value)
+    assert "train_fn" in text and ref in text
+    assert "standard library" in text and "outside the standard library" in text, text
+    assert "mypackage.training:train" in text  # what is valid, by example
+    assert (module in sys.modules) == was_imported  # refused before importing it
+    with pytest.raises(ConfigError, match="standard library"):
+        p.decode_function({"ref": ref}, field="export_fn")
+
+
+@pytest.mark.parametrize("ref", [f"{__name__}:Touch", "tfonspark.ml.params:Namespace"])
+def test_a_reference_to_a_class_is_refused(ref):
+    """Only functions (and static or class methods) are saved by reference; a class would be
+    instantiated by fit (``Touch(args, ctx)``), and one imported from elsewhere is no definition here."""
+    with pytest.raises(ConfigError, match="not a function|does not name a function"):
+        p.decode_function({"ref": ref}, field="train_fn")
+
+
+def test_a_standard_library_function_is_not_saved_by_reference():
+    import os.path
+
+    with pytest.raises(ConfigError, match="standard library"):
+        p.encode_function(os.path.join, field="train_fn")
+    assert "pickle" in p.encode_function(os.path.join, allow_pickle=True, field="train_fn")
+
+
+def test_functions_and_static_methods_of_importable_modules_still_load(tmp_path, no_unpickling):
+    assert p.decode_function(p.encode_function(_train)) is _train
+    assert p.decode_function(p.encode_function(Fns.train)) is Fns.train
 
 
 # ---- inside a Pipeline ---------------------------------------------------------------------------

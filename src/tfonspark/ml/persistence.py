@@ -31,8 +31,12 @@ unpickling runs arbitrary code.
 
 Trust: loading a saved *estimator* imports the modules its functions are referenced from (as
 Spark imports the class named in every stage's metadata), and ``fit`` then calls those
-functions. A tampered file can name any function of any installed module, so fit loaded
-estimators only from places you trust; loading alone calls none of them. A saved TFModel holds no function.
+functions. A reference must name a function (or a static or class method) of a module outside
+the standard library: ``builtins:exec``, ``posix:system``, ``subprocess:call`` and every other
+module of ``sys.stdlib_module_names`` are refused before anything is imported, and classes and
+builtins are refused wherever they live. A tampered file can still name any function of any
+other installed module, so fit loaded estimators only from places you trust; loading alone
+calls none of them. A saved TFModel holds no function.
 The SavedModel itself is not copied: a TFModel stores ``export_dir``, which must still hold the
 model when it is used.
 """
@@ -46,6 +50,7 @@ import importlib
 import inspect
 import json
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,6 +81,34 @@ FUNCTION_FIELDS = ("train_fn", "export_fn")
 _ALLOW_PICKLE: contextvars.ContextVar[bool] = contextvars.ContextVar("tfonspark_allow_pickle", default=False)
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _REFERENCE = re.compile(rf"({_NAME}(?:\.{_NAME})*):({_NAME}(?:\.{_NAME})*)")
+
+
+_VALID_REFERENCE = (
+    "a function defined at the top level (or as a static or class method) of an importable module "
+    "outside the standard library, e.g. {'ref': 'mypackage.training:train'}"
+)
+
+
+def _stdlib_refusal(module: str) -> str:
+    """Why a reference into ``module`` is refused without importing it (``""``: it is not).
+
+    Every module of the standard library (``sys.stdlib_module_names``: ``builtins``, ``os``,
+    ``posix``, ``subprocess``, ``pickle``, ``ctypes`` ...) is refused: no training function lives
+    there, and those modules hold what a tampered file would name (``builtins:exec``,
+    ``posix:system``), some act when imported (``antigravity``, ``this``).
+    """
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return f"{module!r} is a module of the standard library"
+    return ""
+
+
+def _function_refusal(fn: Any) -> str:
+    """Why ``fn`` is not a function a reference may name (``""``: it is one): classes, builtins
+    and other callables are refused; plain functions and static or class methods are not."""
+    if inspect.isfunction(fn) or (inspect.ismethod(fn) and inspect.isfunction(fn.__func__)):
+        return ""
+    return f"it is a {type(fn).__name__}, not a function"
 
 
 def _parse_reference(text: Any) -> tuple[str, str] | None:
@@ -219,6 +252,9 @@ def _reference(fn: Any) -> tuple[str | None, str]:
         return None, "it is defined in __main__ (a notebook or script), which a loader cannot import"
     if _parse_reference(f"{module}:{qualname}") is None:
         return None, (f"{qualname!r} is a lambda, nested in a function or a dunder name, not a plain module-level name")
+    why = _stdlib_refusal(module) or _function_refusal(fn)
+    if why:
+        return None, f"{module}:{qualname} cannot be loaded by reference: {why}; a reference names {_VALID_REFERENCE}"
     try:
         resolved = _resolve(module, qualname)
     except (ImportError, AttributeError) as err:
@@ -251,8 +287,9 @@ def encode_function(fn: Any, allow_pickle: bool = False, field: str = "function"
 def decode_function(encoded: Any, allow_pickle: bool = False, field: str = "function") -> Any:
     """The function :func:`encode_function` wrote (None stays None).
 
-    ``{"ref": "module:qualname"}`` imports ``module`` and must resolve to a callable whose own
-    ``__module__``/``__qualname__`` are the reference (no dunder names). A pickle (``{"pickle":
+    ``{"ref": "module:qualname"}`` imports ``module`` and must resolve to a function (or a
+    static or class method) whose own ``__module__``/``__qualname__`` are the reference (no
+    dunder names). A module of the standard library is refused before it is imported. A pickle (``{"pickle":
     ...}``, or a bare base64 string from earlier versions) raises ConfigError, without being
     unpickled, unless ``allow_pickle`` is True.
     """
@@ -270,6 +307,9 @@ def decode_function(encoded: Any, allow_pickle: bool = False, field: str = "func
             f"non-dunder names). Received: {encoded!r:.200}"
         )
     module, qualname = parsed
+    why = _stdlib_refusal(module)
+    if why:  # before importing it: an import can act
+        raise ConfigError(f"saved {field} {reference!r} is refused: {why}. A saved {field} names {_VALID_REFERENCE}")
     try:
         fn = _resolve(module, qualname)
     except (ImportError, AttributeError) as err:
@@ -277,9 +317,11 @@ def decode_function(encoded: Any, allow_pickle: bool = False, field: str = "func
             f"saved {field} {reference!r} cannot be loaded: {err}. The module must "
             "be importable where the estimator is loaded"
         ) from err
-    if not callable(fn) or getattr(fn, "__module__", None) != module or getattr(fn, "__qualname__", None) != qualname:
+    why = _function_refusal(fn)
+    if why or getattr(fn, "__module__", None) != module or getattr(fn, "__qualname__", None) != qualname:
         raise ConfigError(
-            f"saved {field} {reference!r} does not name a function defined there (found {type(fn).__name__})"
+            f"saved {field} {reference!r} does not name a function defined there (found {type(fn).__name__}"
+            f"{', ' + why if why else ''}). A saved {field} names {_VALID_REFERENCE}"
         )
     return fn
 
