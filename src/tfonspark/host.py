@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import ipaddress
 import os
 import shutil
 import socket
+import sys
+from typing import NamedTuple
 
 __all__ = [
     "SCRATCH_PREFIX",
+    "Listener",
     "bind_address",
+    "foreign_listeners",
     "process_alive",
     "executor_key",
     "executor_pid",
@@ -121,6 +126,60 @@ def seal_port(sock: socket.socket) -> None:
     gone, until the next server of the port (a restart in place) takes it.
     """
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+
+
+class Listener(NamedTuple):
+    """A TCP socket listening on this host (``/proc/net/tcp``, ``tcp6``): its address, owner, inode."""
+
+    address: str
+    port: int
+    uid: int
+    inode: int
+
+
+def foreign_listeners(port: int) -> list[Listener]:
+    """The TCP sockets that listen on ``port`` on this host (its network namespace) and that
+    this process does not hold: another process's server beside, or instead of, ours.
+
+    ``[]`` where ``/proc`` cannot tell (not Linux). Used to verify, right after TF's server
+    started, that nobody else got the port in TF's own window (``tfprocess/server.py``).
+    """
+    found = [entry for name in ("tcp", "tcp6") for entry in _proc_listeners(name, port)]
+    if not found:
+        return []
+    mine = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # a descriptor closed while listed
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith("socket:["):
+                    mine.add(int(target[len("socket:[") : -1]))
+    except OSError:
+        return []
+    return [entry for entry in found if entry.inode not in mine]
+
+
+def _proc_listeners(table: str, port: int) -> list[Listener]:
+    """The LISTEN entries (state ``0A``) of ``/proc/net/<table>`` on ``port``."""
+    try:
+        with open(f"/proc/net/{table}") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":
+            continue
+        address, _, hex_port = fields[1].partition(":")
+        if int(hex_port, 16) != port:
+            continue
+        raw = bytes.fromhex(address)  # 32-bit words, each printed in host order
+        if sys.byteorder == "little":
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+        family = socket.AF_INET6 if len(raw) == 16 else socket.AF_INET
+        out.append(Listener(socket.inet_ntop(family, raw), port, int(fields[7]), int(fields[9])))
+    return out
 
 
 def _dual_stack(port: int) -> socket.socket | None:

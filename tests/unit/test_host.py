@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -266,3 +269,83 @@ def test_a_host_without_ipv6_still_gets_an_ipv4_reservation(monkeypatch):
         assert info.value.errno == errno.EADDRINUSE
     finally:
         reserved.close()
+
+
+# ---- issue 43: a reservation kept across servers (share, seal), and who else listens -------------
+
+
+def _bindable(port: int, reuseaddr: bool) -> list[str]:
+    """The addresses another socket binds ``port`` on now (each closed again)."""
+    took = []
+    for family, address in [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")]:
+        try:
+            _bind((address, port), family=family, reuseaddr=reuseaddr).close()
+            took.append(address)
+        except OSError as exc:
+            assert exc.errno == errno.EADDRINUSE
+    return took
+
+
+def _tf_server(port: int) -> socket.socket:
+    """As TF 2.21's gRPC server binds: ``[::]:port`` dual-stack with SO_REUSEADDR, then listens."""
+    sock = socket.socket(socket.AF_INET6)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("::", port))
+    return sock
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="TF's server binds [::]")
+def test_a_sealed_reservation_holds_the_port_once_its_server_is_gone():
+    """What a worker that restarts in place relies on: the reservation, shared for its server's
+    start and sealed once it listens, still holds the port against everyone when the server dies
+    (its connections lingering), and lets the next server bind beside it, shared again."""
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    try:
+        for _ in range(2):  # the first server, then the restarted one
+            host.share_port(reserved)
+            assert _bindable(port, reuseaddr=True) != []  # TF's own window: any SO_REUSEADDR socket
+            assert _bindable(port, reuseaddr=False) == []  # never one without the option
+            server = _tf_server(port)
+            server.listen(16)
+            host.seal_port(reserved)
+            peer = socket.create_connection(("127.0.0.1", port))
+            server.accept()[0].close()  # the server's side closes first: its connection lingers
+            server.close()  # the server dies
+            assert _bindable(port, reuseaddr=True) == [] and _bindable(port, reuseaddr=False) == []
+            peer.close()
+    finally:
+        reserved.close()
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="TF's server binds [::]")
+def test_sealed_before_its_server_listens_the_server_could_not():
+    """Why a Python bind() releases the reservation unsealed: Linux checks again at listen()."""
+    reserved = host.reserve_port()
+    try:
+        host.share_port(reserved)
+        server = _tf_server(reserved.getsockname()[1])
+        host.seal_port(reserved)
+        with server, pytest.raises(OSError) as info:
+            server.listen(1)
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        reserved.close()
+
+
+def test_foreign_listeners_names_another_processs_listener_not_ours():
+    with socket.socket() as mine:
+        mine.bind(("127.0.0.1", 0))
+        mine.listen(1)
+        assert host.foreign_listeners(mine.getsockname()[1]) == []
+    code = "import socket, sys; s = socket.socket(socket.AF_INET6); s.bind(('::1', 0)); s.listen(1); "
+    code += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None
+        port = int(other.stdout.readline())
+        (found,) = host.foreign_listeners(port)
+        assert (found.address, found.port, found.uid) == ("::1", port, os.getuid()) and found.inode > 0
+    finally:
+        other.communicate(timeout=10)

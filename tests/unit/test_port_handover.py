@@ -20,6 +20,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from tfonspark import host
+from tfonspark.errors import ClusterError
 from tfonspark.importhook import AfterImport
 from tfonspark.tfprocess import server
 from tfonspark.tfprocess.context import NodeContext
@@ -261,3 +262,83 @@ def test_start_cluster_server_leaves_nothing_held_whatever_tf_does(monkeypatch):
     assert server.pending_handovers() == []
     with socket.socket() as anyone:
         anyone.bind(("0.0.0.0", port))
+
+
+# ---- issue 43, row 4: another user's socket that got in during TF's own start ---------------------
+
+
+def _grpc_start(port: int) -> socket.socket:
+    """TF 2.21's gRPC server with its fallback: ``[::]:port``, else ``0.0.0.0:port`` (where the
+    dual-stack bind failed, e.g. beside a listener on ``[::1]``), else "Could not start"."""
+    try:
+        return _grpc_bind(port)
+    except OSError:
+        pass
+    sock = socket.socket(socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        _socket.socket.bind(sock, ("0.0.0.0", port))
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise RuntimeError("UnknownError: Could not start gRPC server") from None
+    return sock
+
+
+class _Intruder:
+    """Another process that binds ``address`` with SO_REUSEADDR and listens (TF's window: the
+    reservation shares the port while TF starts), until closed."""
+
+    def __init__(self, address: str, port: int) -> None:
+        import subprocess
+
+        family = "AF_INET6" if ":" in address else "AF_INET"
+        code = (
+            f"import socket, sys; s = socket.socket(socket.{family}); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(({address!r}, {port})); s.listen(1); print('up', flush=True); sys.stdin.read()"
+        )
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == b"up\n"
+
+    def close(self) -> None:
+        self.proc.communicate(timeout=10)
+
+
+@pytest.mark.parametrize(("address", "tf_fails"), [("::1", False), ("127.0.0.1", True), ("::", True)])
+def test_a_socket_that_got_in_during_tfs_start_fails_the_node_naming_it(fake_tf, address, tf_fails):
+    """Seen: a listener co-bound on [::1] during TF's start let TF start (on 0.0.0.0) and got the
+    ::1 peers; one on the wildcard made TF fail with no word of who holds the port."""
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    intruders: list[_Intruder] = []
+
+    def start_beside_an_intruder(handle, port=port):
+        intruders.append(_Intruder(address, port))  # in the window: the reservation shares the port now
+        return _grpc_start(port)
+
+    fake_tf.eager.TFE_EnableCollectiveOps = start_beside_an_intruder
+    _node(reserved).release_port()  # hooks TF's loaded modules
+    try:
+        with pytest.raises(ClusterError) as info:
+            fake_tf.eager.TFE_EnableCollectiveOps("ctx")
+        text = str(info.value)
+        shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        assert f"another process also listens on this node's port {port}: {shown} (uid {os.getuid()})" in text
+        assert ("Could not start gRPC server" in text) is tf_fails  # TF's own error, where it had one
+        assert server.pending_handovers() == []
+    finally:
+        for intruder in intruders:
+            intruder.close()
+
+
+def test_a_server_alone_on_its_port_starts(fake_tf):
+    reserved = host.reserve_port()
+    port = reserved.getsockname()[1]
+    _node(reserved).release_port()
+    with fake_tf.eager.TFE_EnableCollectiveOps("ctx", port):
+        assert host.foreign_listeners(port) == []  # its own listener is not foreign
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", 0))
+            other.listen(1)
+            assert host.foreign_listeners(other.getsockname()[1]) == []  # nor any other of this process

@@ -21,17 +21,30 @@ port while the reservation still holds it, and closes the reservation once the c
 
 What that leaves, on Linux: a socket *without* ``SO_REUSEADDR`` can never bind the port
 before the server has it (no gap; it could for 7-12 s before, from the release ahead of
-``map_fun`` to TF's bind). A socket *with* ``SO_REUSEADDR``, any user's, can in one window:
-from the start of that TF call to the server's ``listen()``, which is TF's own set-up before
-it binds: 6-32 ms measured (TF 2.21 on CPU, a shared 2-core machine; on a GPU node
-``tf.distribute.Server`` also creates its GPU devices in it). If such a socket listens first,
-TF fails with "Could not start gRPC server" and the node fails: it never serves peers. The
-reservation never sets ``SO_REUSEPORT``, so outside that window no socket of another user
-gets in; a process of the *same* user can always take the port (it could also ptrace the
-node). The first TF server
-started in the process takes the port, whatever port it binds, and so does a Python ``bind()``
-of the port; a server started any other way (a child process, a library outside Python and TF)
-needs ``ctx.release_port(now=True)``.
+``map_fun`` to TF's bind). A socket *with* ``SO_REUSEADDR``, any user's, can in one window,
+which no code of ours can close: from the start of that TF call to the server's ``listen()``,
+TF's own set-up before it binds (TF binds the wildcard ``0.0.0.0:port``, which gRPC makes
+``[::]:port``, with no option for another address; our reservation cannot stay exclusive, nor
+listen, and still let TF's socket bind beside it). Measured with strace (TF 2.21 on CPU, 2
+shared cores at load 2-5): 6-64 ms from our ``SO_REUSEADDR`` to TF's ``listen`` for
+``tf.distribute.Server`` and for MWMS (on a GPU node ``tf.distribute.Server`` also creates its
+GPU devices in it). Another user spinning on ``bind()`` + ``listen()`` with the option, at the
+node's own priority, one process per address, gets in nearly every time: in 7 of 8 starts
+(4 ``tf.distribute.Server``, 4 MWMS) and in 8 of 8 in a second series
+(``tests/integration/test_port_handover.py``). What it got, before: TF's server failed ("Could
+not start gRPC server": 6 of 8, no word of who holds the port), or, on ``[::1]`` (an address
+TF's ``[::]`` socket then leaves to it: gRPC falls back to ``0.0.0.0``), TF started beside it
+and it had the ``::1`` peers (1 of 8). Now, right after the call, :func:`_refuse_intruders`
+reads who listens on the port (``host.foreign_listeners``) and fails the node with a
+``ClusterError`` that names each other listener and its user: 8 of 8, none served beside one.
+Peers that connected to the intruder before the node's failure stopped the cluster still
+reached it; only running each job where no other user has processes closes that
+(docs/architecture.md, "Ports and binds"). Once TF listens the reservation is sealed again
+(``host.seal_port``) and closed. The reservation never sets ``SO_REUSEPORT``, so outside that
+window no socket of another user gets in; a process of the *same* user can always take the
+port (it could also ptrace the node). The first TF server started in the process takes the
+port, whatever port it binds, and so does a Python ``bind()`` of the port; a server started any
+other way (a child process, a library outside Python and TF) needs ``ctx.release_port(now=True)``.
 """
 
 from __future__ import annotations
@@ -48,8 +61,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..errors import ReservationTimeout
-from ..host import seal_port, share_port
+from ..errors import ClusterError, ReservationTimeout
+from ..host import Listener, foreign_listeners, seal_port, share_port
 from ..importhook import AfterImport
 
 __all__ = [
@@ -420,17 +433,54 @@ def _server_start(start: Callable[..., Any], name: str) -> Callable[..., Any]:
         handovers = pending_handovers()
         for handover in handovers:
             handover.share_with_server()
+        shared = time.monotonic()
         try:
-            return start(*args, **kwargs)
+            started = start(*args, **kwargs)
+        except BaseException as exc:
+            _refuse_intruders(handovers, name, exc)
+            raise
         finally:
             for handover in handovers:
                 handover.release(listening=True)
             if handovers:
-                _log.debug("port(s) %s handed over to TF's server (%s)", [h.port for h in handovers], name)
+                ms = (time.monotonic() - shared) * 1000
+                _log.debug(
+                    "port(s) %s handed over to TF's server (%s): shared %.1f ms", [h.port for h in handovers], name, ms
+                )
+        _refuse_intruders(handovers, name, None)
+        return started
 
     handing_over.__name__ = getattr(start, "__name__", name)
     handing_over.__doc__ = getattr(start, "__doc__", None)
     return handing_over
+
+
+def _refuse_intruders(handovers: Sequence[PortHandover], name: str, error: BaseException | None) -> None:
+    """Raise ClusterError where another process listens on a port just handed to TF's server.
+
+    TF's own start leaves a window (the module doc): a socket with ``SO_REUSEADDR`` that binds
+    and listens in it either makes TF's server fail (``error``: named here, with who took the
+    port) or, on an address TF's does not cover (``[::1]`` when TF falls back to ``0.0.0.0``),
+    serves beside it. Either way the node must not go on: peers would reach the other process.
+    """
+    for handover in handovers:
+        others = foreign_listeners(handover.port)
+        if others:
+            raise ClusterError(
+                f"another process also listens on this node's port {handover.port}: {_named(others)}. It took "
+                f"the port in the milliseconds of TensorFlow's own server start ({name}), where TF's "
+                "SO_REUSEADDR lets any local user's SO_REUSEADDR socket bind beside ours; the node refuses to "
+                "run beside it, since its peers would reach that process. Run each job's executors where no "
+                "other user has processes (their own user and host, or a container with its own network "
+                "namespace): see docs/architecture.md, Ports and binds"
+                + (f". TensorFlow's own error: {error}" if error is not None else "")
+            ) from error
+
+
+def _named(listeners: Sequence[Listener]) -> str:
+    """``[::1]:8470 (uid 65534), 0.0.0.0:8470 (uid 0)``."""
+    where = (f"[{x.address}]" if ":" in x.address else x.address for x in listeners)
+    return ", ".join(f"{address}:{x.port} (uid {x.uid})" for address, x in zip(where, listeners, strict=True))
 
 
 def _patch_module(module: ModuleType) -> None:
