@@ -256,7 +256,7 @@ def _socket_inode(pid: int, fd: int) -> int:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
 def test_an_adopted_spare_holds_the_reservation_itself(tmp_path, monkeypatch) -> None:
     """The adopter closed its reservation, then bound the spare's own socket: in between, another
-    user's bind() took the port (issue 43: 7-10 of 30 adoptions). Now the reserved socket itself
+    user's bind() took the port (issue 43: 2-14 of 30 adoptions). Now the reserved socket itself
     passes to the spare: the same socket (inode) at its port_fd, bound all along."""
     import socket
 

@@ -22,7 +22,7 @@ attempt:
   attempt's environment (``TF_CONFIG``, ``TFONSPARK_ATTEMPT``) and the bootstrap. The
   reservation is passed, never closed and bound again, so no other process can take the port
   in between (issue 43: closing it first, then binding the spare's own socket, let another
-  user's ``bind()`` take the port in 7-10 of 30 adoptions). The keeper
+  user's ``bind()`` take the port in 2-14 of 30 adoptions). The keeper
   stays the spare's parent only to send its exit status (:class:`Adopted`), so a spare killed
   by a signal is reported as such; if the adopter goes, the keeper kills the spare.
 
