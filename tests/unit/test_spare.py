@@ -198,7 +198,7 @@ def test_the_driver_asks_for_spares_while_a_restart_may_follow() -> None:
 
 # ---- issue 43, row 6: another user's directory where the keepers listen ------------------------
 @pytest.mark.parametrize("planted", ["dir", "symlink"])
-def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatch, tmp_path, planted) -> None:
+def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatch, request, tmp_path, planted) -> None:
     """Another user made ``$TMPDIR/tfos-spares-<uid>`` first (``/tmp`` is sticky and open to all):
     every supervisor logged "cannot start a spare" and ran without one until root removed it."""
     if os.geteuid() != 0:
@@ -208,6 +208,7 @@ def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatc
     from tfonspark.executor.spare import spare_paths
 
     short = Path(tempfile.mkdtemp(prefix="row6-", dir="/tmp"))  # a Unix socket's path has at most 107 bytes
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
     monkeypatch.setattr(tempfile, "tempdir", str(short))
     hijacked = short / f"tfos-spares-{os.getuid()}"
     if planted == "dir":
@@ -243,7 +244,6 @@ def test_a_spare_dir_planted_by_another_user_does_not_stop_the_spares(monkeypatc
         if keeper.proc.poll() is None:
             keeper.proc.kill()
         keeper.proc.wait()
-        shutil.rmtree(short)
 
 
 # ---- issue 43, row 2: the adopted spare gets the reservation itself --------------------------------
