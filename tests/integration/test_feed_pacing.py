@@ -9,7 +9,7 @@ job, and so the end of the feed, from coming until the hold's quiet limit (feed_
 
 Which partitions a node gets depends on which executor frees first, so the test builds that
 shape on purpose: the first executor to compute a partition of the DataFrame computes full ones
-(4,000 rows each), the other small ones (20 rows), 0.3 s slower. The full executor's node then
+(4,000 rows each), the other small ones (20 rows), 0.15 s slower. The full executor's node then
 holds two full partitions (the second one's Ack held: map_fun reads into its shuffle buffer,
 then waits in the collective), the other node 120 rows, fewer than its shuffle buffer: it waits
 for data that only the end of the feed brings. Before the fix ``train()`` waited for the hold's
@@ -34,7 +34,7 @@ by_value(__name__)
 
 FULL, SMALL, PARTITIONS = 4000, 20, 8
 FEED_TIMEOUT = 300.0  # the hold's quiet limit: 150 s
-PER_REPLICA = 8
+PER_REPLICA = 12
 
 
 def _rows(marker: str):
@@ -62,7 +62,7 @@ def _rows(marker: str):
             for partition in batch.column(0).to_pylist():
                 n = FULL if full else SMALL
                 if not full:
-                    time.sleep(0.3)  # a slower executor
+                    time.sleep(0.15)  # a slower executor
                 rng = np.random.default_rng(partition)
                 images = rng.random(n * 784, dtype=np.float32)
                 offsets = pa.array(np.arange(0, (n + 1) * 784, 784, dtype=np.int32))
