@@ -20,6 +20,7 @@ import pytest
 
 from tfonspark.errors import AuthenticationError, ProtocolError
 from tfonspark.wire import bootstrap, codec
+from tfonspark.wire import buffers as bufs
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
@@ -687,7 +688,7 @@ BIG = 1024 * 1024
 
 
 def test_recv_buffers_reuse_memory_once_no_view_of_it_is_alive():
-    pool = f.RecvBuffers(16 * BIG)
+    pool = bufs.RecvBuffers(16 * BIG)
     first = pool.take(4 * BIG)
     first[:5] = b"first"
     buffers = [first.obj]  # references, not views: they do not keep a buffer in use
@@ -706,7 +707,7 @@ def test_recv_buffers_reuse_memory_once_no_view_of_it_is_alive():
 
 
 def test_recv_buffers_keep_within_their_capacity():
-    pool = f.RecvBuffers(10 * BIG)
+    pool = bufs.RecvBuffers(10 * BIG)
     views = [pool.take(4 * BIG) for _ in range(5)]  # all in use: only two fit in the pool
     assert all(len(v) == 4 * BIG for v in views)
     assert pool.nbytes == 8 * BIG
@@ -717,7 +718,7 @@ def test_recv_buffers_keep_within_their_capacity():
 
 
 def test_recv_buffers_leave_small_and_huge_frames_to_fresh_memory():
-    pool = f.RecvBuffers(4 * BIG)
+    pool = bufs.RecvBuffers(4 * BIG)
     assert len(pool.take(100)) == 100 and len(pool.take(5 * BIG)) == 5 * BIG
     assert pool.nbytes == 0
 
@@ -727,7 +728,7 @@ def test_payloads_stay_intact_while_later_frames_reuse_buffers(unix):
     server, _, client, _ = handshake_pair(unix=unix)
     try:
         server.settimeout(5)
-        server.buffers = f.RecvBuffers(8 * BIG)
+        server.buffers = bufs.RecvBuffers(8 * BIG)
         kept = []
         for i in range(6):
             sender = threading.Thread(target=client.send, args=(np.full(BIG // 4, i, np.float32),))
@@ -810,33 +811,33 @@ def test_unsigned_frames_arrive_intact_in_one_buffer_of_their_size(unix_pair, si
 
 
 def test_new_buffer_is_a_bytearray_of_the_size_asked_with_or_without_the_c_part():
-    for make in (f.new_buffer, f._load_empty(), bytearray):
+    for make in (bufs.new_buffer, bufs._load_empty(), bytearray):
         buf = make(12345)
         assert type(buf) is bytearray and len(buf) == 12345
         buf[-1] = 7  # writable, and resizable like any bytearray (the pool's unused probe)
         buf.append(0)
         assert len(buf) == 12346
     if codec.native is not None:  # built: it does not zero-fill, and says so in its name
-        assert f._make_bytearray is codec.native.empty_bytearray
+        assert bufs._make_bytearray is codec.native.empty_bytearray
     for size in (-1, -2):  # with or without the C part, as the C part has always answered
         with pytest.raises(ValueError, match=">= 0"):
-            f.new_buffer(size)
+            bufs.new_buffer(size)
 
 
 def test_the_pools_unused_probe_never_moves_a_new_buffer():
-    buf = f.new_buffer(1 << 20)
+    buf = bufs.new_buffer(1 << 20)
     address = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
-    assert f._unused(buf) and len(buf) == 1 << 20
+    assert bufs._unused(buf) and len(buf) == 1 << 20
     assert np.frombuffer(buf, np.uint8).__array_interface__["data"][0] == address
     view = memoryview(buf)
-    assert not f._unused(buf)
+    assert not bufs._unused(buf)
     view.release()
-    assert f._unused(buf)
+    assert bufs._unused(buf)
 
 
 def test_a_grown_frame_buffer_joins_the_pool_for_reuse(pair):
     server, client = pair
-    server.buffers = f.RecvBuffers(16 * BIG)
+    server.buffers = bufs.RecvBuffers(16 * BIG)
     size = 3 * BIG + 5
     for i in range(3):
         sender = threading.Thread(target=client.send, args=(bytes([i]) * size,))

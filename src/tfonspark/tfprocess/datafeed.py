@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import FeedError, InputError
 from ..wire.codec import ColumnBatch, pack_rows
 from ..wire.events import EpochRead
-from ..wire.framing import RecvBuffers
+from ..wire.buffers import RecvBuffers
 from .feedserver import END_FEED, EpochMark, FeedServer, Stream
 from .localfeed import LocalFeeds
 
