@@ -17,9 +17,10 @@ import pytest
 
 from tfonspark.errors import InputError, ProtocolError
 from tfonspark.executor.feeder import Feeder
-from tfonspark.wire import codec
+from tfonspark.wire import packing
 from tfonspark.wire.arrow import arrow_to_columns, columns_to_arrow
-from tfonspark.wire.codec import ColumnBatch, Scratch, decode_batch, encode_batch, pack_rows
+from tfonspark.wire.codec import ColumnBatch, decode_batch, encode_batch
+from tfonspark.wire.packing import Scratch, pack_rows
 
 
 def round_trip(batch: ColumnBatch) -> ColumnBatch:
@@ -267,7 +268,7 @@ def _recorded_chunks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Any]:
     return chunks, counts
 
 
-@pytest.mark.skipif(codec.native is None, reason="the C packer was not built")
+@pytest.mark.skipif(packing.native is None, reason="the C packer was not built")
 def test_feed_task_packs_rows_like_the_first_one_at_a_time_into_4_mb_frames(monkeypatch):
     chunks, counts = _recorded_chunks(monkeypatch)
     rows = [(list(W784), i) for i in range(1000)]
@@ -282,7 +283,7 @@ def test_feed_task_packs_rows_like_the_first_one_at_a_time_into_4_mb_frames(monk
 
 def test_without_the_c_packer_the_feed_task_packs_chunks_of_at_most_32768_values(monkeypatch):
     chunks, counts = _recorded_chunks(monkeypatch)
-    monkeypatch.setattr(codec, "native", None)
+    monkeypatch.setattr(packing, "native", None)
     assert counts([(list(W784), i) for i in range(1000)]) == [16, 697, 287]  # the same frames
     assert chunks == [16] + [41] * 24  # 32,768 // 786 values
     monkeypatch.undo()

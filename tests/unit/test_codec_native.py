@@ -1,6 +1,6 @@
 """The optional C packer (``wire/_pack.c``) changes nothing but speed.
 
-Every case is packed twice, with the C packer and with ``codec.native = None`` (the pure-Python
+Every case is packed twice, with the C packer and with ``packing.native = None`` (the pure-Python
 packer, as where no C compiler built it): the frames must be byte-identical, and the errors of
 the same type with the same message, column, partition and row.
 """
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from tfonspark.errors import InputError
-from tfonspark.wire import codec
-from tfonspark.wire.codec import ColumnBatch, Scratch, encode_batch, pack_rows
+from tfonspark.wire import packing
+from tfonspark.wire.codec import ColumnBatch, encode_batch
+from tfonspark.wire.packing import Scratch, pack_rows
 
-needs_native = pytest.mark.skipif(codec.native is None, reason="the C packer was not built here")
+needs_native = pytest.mark.skipif(packing.native is None, reason="the C packer was not built here")
 Point = namedtuple("Point", "x y")
 
 
@@ -42,7 +43,7 @@ def _both(make: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
     """``make``'s outcome with the C packer, checked equal to the pure-Python one."""
     fast = _outcome(make)
     with monkeypatch.context() as patch:
-        patch.setattr(codec, "native", None)
+        patch.setattr(packing, "native", None)
         slow = _outcome(make)
     assert fast == slow
     return fast
@@ -267,7 +268,7 @@ def test_an_error_in_the_users_map_reaches_the_feed_task_from_any_row():
 def test_fill_frame_drops_each_row_it_packs_and_checks_its_arguments():
     rows = [([0.5, 2.0], i) for i in range(10)]
     values = [sys.getrefcount(r) for r in rows]
-    plan = codec.row_plan(pack_rows(rows[:2]), rows[0])
+    plan = packing.row_plan(pack_rows(rows[:2]), rows[0])
     assert plan is not None
     columns = [np.zeros((8, 2)), np.zeros(8, np.int64)]
     marker = float("0.5")  # one object in every row made below: its count says which rows live
@@ -278,21 +279,21 @@ def test_fill_frame_drops_each_row_it_packs_and_checks_its_arguments():
 
     alone = sys.getrefcount(marker)
     source = fresh()
-    end, leftover = codec.fill_frame(source, plan, columns, (0, 4), 2)
+    end, leftover = packing.fill_frame(source, plan, columns, (0, 4), 2)
     assert (end, leftover) == (3, (("odd", 3),))
     assert sys.getrefcount(marker) == alone  # rows 0-2 were packed and dropped
     assert columns[1][:3].tolist() == [0, 1, 2] and columns[0][:3].tolist() == [[0.5, 2.0]] * 3
-    assert codec.rebuilt_rows(plan, columns, 2, 3) == [([0.5, 2.0], 2)]  # the chunk's rows before "odd"
-    assert codec.fill_frame(source, plan, columns, (4, 8), 2) == (8, None)  # rows 4-7
-    assert codec.fill_frame(source, plan, columns, (0, 4), 2) == (2, None)  # rows 8-9: the end
+    assert packing.rebuilt_rows(plan, columns, 2, 3) == [([0.5, 2.0], 2)]  # the chunk's rows before "odd"
+    assert packing.fill_frame(source, plan, columns, (4, 8), 2) == (8, None)  # rows 4-7
+    assert packing.fill_frame(source, plan, columns, (0, 4), 2) == (2, None)  # rows 8-9: the end
     assert sys.getrefcount(marker) == alone
     assert [sys.getrefcount(r) for r in rows] == values
     with pytest.raises(ValueError, match="too small"):
-        codec.fill_frame(iter(rows), plan, columns, (0, 9), 2)
+        packing.fill_frame(iter(rows), plan, columns, (0, 9), 2)
     with pytest.raises(ValueError, match="bad"):
-        codec.native.fill_frame(rows, tuple, 2, None, plan.specs, 0, 4, 2)  # a list, not an iterator
+        packing.native.fill_frame(rows, tuple, 2, None, plan.specs, 0, 4, 2)  # a list, not an iterator
     with pytest.raises(ValueError, match="bad"):
-        codec.fill_frame(iter(rows), plan, columns, (1, 4), 2)  # not at a chunk's start
+        packing.fill_frame(iter(rows), plan, columns, (1, 4), 2)  # not at a chunk's start
 
 
 def test_rebuilt_rows_pack_as_the_rows_did():
@@ -302,12 +303,12 @@ def test_rebuilt_rows_pack_as_the_rows_did():
     for first in (([1.0, 2], 3), [(1.5, -2.0), 3], named, Point(1.0, 2), 2.5, 7, (np.arange(4.0), 1), np.ones((2, 3))):
         rows = [first] * 5
         batch = pack_rows(rows)
-        plan = codec.row_plan(batch, first)
-        if codec.native is None:
+        plan = packing.row_plan(batch, first)
+        if packing.native is None:
             assert plan is None
             continue
         assert plan is not None, first
-        rebuilt = codec.rebuilt_rows(plan, batch.columns, 1, 4)
+        rebuilt = packing.rebuilt_rows(plan, batch.columns, 1, 4)
         assert len(rebuilt) == 3 and type(rebuilt[0]) is type(first)
         assert _frames([pack_rows(rebuilt)]) == _frames([pack_rows(rows[1:4])])
         assert getattr(rebuilt[0], "__fields__", None) == getattr(first, "__fields__", None)
@@ -319,26 +320,26 @@ def test_the_c_packer_checks_its_buffer_and_keeps_reference_counts():
     value = rows[0][0][0]
     before = (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(value))
     out = np.zeros(4 * 2 * 8, np.uint8)
-    assert codec.native.pack_column(out, rows, tuple, 2, 0, 2, "d") is True
+    assert packing.native.pack_column(out, rows, tuple, 2, 0, 2, "d") is True
     assert out.view(np.float64).tolist() == [0.5, 2.0] * 4
-    assert codec.native.pack_column(out, rows, tuple, 2, 1, 0, "q") is True
-    assert codec.native.pack_column(out, rows, tuple, 2, 0, 2, "q") is False  # 0.5 is no int64
-    assert codec.native.pack_column(out, rows, list, 2, 0, 2, "d") is False  # tuples, not lists
-    assert codec.native.pack_column(out, [0.5, 1, 2**64], None, 0, -1, 0, "d") is False
-    assert codec.native.pack_column(out, [(np.float64(0.5), True)] * 4, None, 0, -1, 2, "d") is True
+    assert packing.native.pack_column(out, rows, tuple, 2, 1, 0, "q") is True
+    assert packing.native.pack_column(out, rows, tuple, 2, 0, 2, "q") is False  # 0.5 is no int64
+    assert packing.native.pack_column(out, rows, list, 2, 0, 2, "d") is False  # tuples, not lists
+    assert packing.native.pack_column(out, [0.5, 1, 2**64], None, 0, -1, 0, "d") is False
+    assert packing.native.pack_column(out, [(np.float64(0.5), True)] * 4, None, 0, -1, 2, "d") is True
     assert out.view(np.float64).tolist() == [0.5, 1.0] * 4
-    assert codec.native.pack_column(out, [(np.float32(0.5), True)] * 4, None, 0, -1, 2, "d") is False
+    assert packing.native.pack_column(out, [(np.float32(0.5), True)] * 4, None, 0, -1, 2, "d") is False
     assert (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(value)) == before
     with pytest.raises(ValueError, match="too small"):
-        codec.native.pack_column(out[:-1], rows, tuple, 2, 0, 2, "d")
+        packing.native.pack_column(out[:-1], rows, tuple, 2, 0, 2, "d")
     with pytest.raises((TypeError, ValueError, BufferError)):
-        codec.native.pack_column(bytes(64), rows, tuple, 2, 0, 2, "d")  # read-only
+        packing.native.pack_column(bytes(64), rows, tuple, 2, 0, 2, "d")  # read-only
     with pytest.raises(ValueError):
-        codec.native.pack_column(out, rows, tuple, 2, 0, 2, "f")
+        packing.native.pack_column(out, rows, tuple, 2, 0, 2, "f")
     with pytest.raises(ValueError):
-        codec.native.pack_column(out, rows, tuple, 2, 2, 2, "d")  # no field 2
+        packing.native.pack_column(out, rows, tuple, 2, 2, 2, "d")  # no field 2
     with pytest.raises(ValueError):
-        codec.native.pack_column(out, rows, tuple, 2, 0, 2**61, "d")  # width * 8 would overflow
+        packing.native.pack_column(out, rows, tuple, 2, 0, 2**61, "d")  # width * 8 would overflow
 
 
 @needs_native
@@ -347,7 +348,7 @@ def test_the_c_array_packer_copies_equal_arrays_and_falls_back_on_anything_else(
     rows = [(a, i) for i, a in enumerate(arrays)]
     before = (sys.getrefcount(rows), sys.getrefcount(rows[0]), sys.getrefcount(arrays[0]))
     out = np.zeros(4 * 24, np.uint8)
-    pack = codec.native.pack_arrays
+    pack = packing.native.pack_arrays
     assert pack(out, rows, tuple, 2, 0, np.ndarray, "f", (2, 3)) is True
     assert np.array_equal(out.view(np.float32).reshape(4, 2, 3), np.stack(arrays))
     assert pack(out, arrays, None, 0, -1, np.ndarray, "f", (2, 3)) is True
@@ -373,7 +374,7 @@ def test_the_c_array_packer_copies_equal_arrays_and_falls_back_on_anything_else(
 @needs_native
 def test_array_rows_are_packed_in_c(monkeypatch):
     """The array cases above pass by falling back too: this one must take the C path."""
-    real, used = codec.native, []
+    real, used = packing.native, []
 
     class Spy:
         def __getattr__(self, name: str) -> Any:
@@ -383,7 +384,7 @@ def test_array_rows_are_packed_in_c(monkeypatch):
             used.append(real.pack_arrays(*args))
             return used[-1]
 
-    monkeypatch.setattr(codec, "native", Spy())
+    monkeypatch.setattr(packing, "native", Spy())
     batch = pack_rows([(np.ones(32, np.float32) * i, i) for i in range(10)], scratch=Scratch())
     assert used == [True] and batch.columns[0].dtype == np.float32 and batch.columns[0][3].tolist() == [3.0] * 32
     pack_rows([np.ones((2, 2)) * i for i in range(3)])
@@ -394,11 +395,11 @@ def test_the_c_packer_is_built_where_a_c_compiler_is():
     """``pip install`` builds it where it can (its absence would cost the speed silently)."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: the pure-Python packer is used")
-    assert codec.native is not None, "wire/_pack.c was not built: reinstall with `pip install -e .`"
+    assert packing.native is not None, "wire/_pack.c was not built: reinstall with `pip install -e .`"
 
 
 def test_without_the_c_packer_rows_pack_as_before(monkeypatch):
-    monkeypatch.setattr(codec, "native", None)
+    monkeypatch.setattr(packing, "native", None)
     batch = pack_rows([([1.0, 2.0], 1), ([3.0, 4.0], 2)])
     assert [c.tolist() for c in batch.columns] == [[[1.0, 2.0], [3.0, 4.0]], [1, 2]]
     assert list(itertools.chain(*(c.dtype.str for c in batch.columns))) == list("<f8<i8")
@@ -411,7 +412,7 @@ def test_without_the_c_packer_rows_pack_as_before(monkeypatch):
     + [[1.0, None], [1.0, "x"], [np.float32(1)], [[1.0]], [], "ab", 1.0, [np.int64(1)], [1.0, 1j], [10**400]],
 )
 def test_number_code_is_numpys_dtype_or_none(value):
-    code = codec.native.number_code(value)
+    code = packing.native.number_code(value)
     if code is not None:
         assert code == {"float64": "d", "int64": "q"}[str(np.asarray(value).dtype)]
     else:
@@ -447,7 +448,7 @@ def test_an_empty_row_anywhere_in_a_partition_is_an_input_error_naming_it(kind, 
     """Row 16 (the first after the 16-row head) empty used to drop its whole chunk with the C
     packer: 100,017 rows fed, 89,095 delivered, and no error. Both packers now name the empty row."""
     rows = _empty_row_partition(kind, at, at + 1000)
-    outcome = _both(_fed(rows), monkeypatch) if codec.native is not None else _outcome(_fed(rows))
+    outcome = _both(_fed(rows), monkeypatch) if packing.native is not None else _outcome(_fed(rows))
     assert outcome[0] == "error", f"{sum(len(f) for f in outcome[1])} frames, no error"
     _, cls, message, (column, partition, row) = outcome
     assert cls is InputError and (partition, row) == (3, at), message
@@ -457,8 +458,8 @@ def test_an_empty_row_anywhere_in_a_partition_is_an_input_error_naming_it(kind, 
 def test_rows_after_an_empty_row_at_row_16_are_not_lost(monkeypatch):
     """The issue's case: 100,017 rows, row 16 empty: an error, never a feed of fewer rows."""
     rows = _empty_row_partition("tuple", 16, 100_017)
-    for native in [codec.native, None] if codec.native is not None else [None]:
-        monkeypatch.setattr(codec, "native", native)
+    for native in [packing.native, None] if packing.native is not None else [None]:
+        monkeypatch.setattr(packing, "native", native)
         with pytest.raises(InputError) as info:
             list(_fed(rows)())
         assert (info.value.partition, info.value.row) == (3, 16)
@@ -478,7 +479,7 @@ def test_rows_after_an_empty_row_at_row_16_are_not_lost(monkeypatch):
 def test_pack_rows_never_gives_a_batch_that_drops_its_rows(rows, row, monkeypatch):
     """``pack_rows([(), (1, 2), (3,)])`` was a 0-column batch of count 0 with the C packer: an
     empty row cannot be fed (its batch could not count it), on either packer."""
-    outcome = _both(_packed(rows), monkeypatch) if codec.native is not None else _outcome(_packed(rows))
+    outcome = _both(_packed(rows), monkeypatch) if packing.native is not None else _outcome(_packed(rows))
     assert outcome[0] == "error" and outcome[1] is InputError and outcome[3][1:] == (3, 100 + row), outcome
 
 
@@ -486,7 +487,7 @@ def test_pack_rows_never_gives_a_batch_that_drops_its_rows(rows, row, monkeypatc
 def test_a_partition_of_only_empty_rows_is_an_input_error_naming_it(empty, monkeypatch):
     """It was a ZeroDivisionError in ``Feeder._row_batches`` on both packers."""
     rows = [empty] * 40
-    outcome = _both(_fed(rows), monkeypatch) if codec.native is not None else _outcome(_fed(rows))
+    outcome = _both(_fed(rows), monkeypatch) if packing.native is not None else _outcome(_fed(rows))
     assert outcome[0] == "error" and outcome[1] is InputError and outcome[3][1:] == (3, 0), outcome
     assert "partition 3" in outcome[2] or "partition=3" in outcome[2]
 
@@ -528,13 +529,13 @@ def test_fill_frame_stops_at_field_names_that_raise():
     row's ValueError, at once."""
     rows = [_named(0.5, i) for i in range(8)]
     rows[4] = _named(-0.5, 4)
-    plan = codec.row_plan(pack_rows(rows[:2]), rows[0])
+    plan = packing.row_plan(pack_rows(rows[:2]), rows[0])
     assert plan is not None and plan.rowtype is _Named
     columns = [np.zeros(8), np.zeros(8, np.int64)]
     specs = tuple((*spec, column) for spec, column in zip(plan.specs, columns))
     source = iter(rows)
     with pytest.raises(ValueError, match="no field names for x=-0.5"):
-        codec.native.fill_frame(source, _Named, 2, ["x", "y"], specs, 0, 8, 2)
+        packing.native.fill_frame(source, _Named, 2, ["x", "y"], specs, 0, 8, 2)
     assert next(source) is rows[5]  # it stopped at the row that raised
 
 
@@ -598,7 +599,7 @@ def test_a_float_subclass_packs_the_same_with_and_without_the_c_packer(rows, mon
 @needs_native
 def test_numpy_float64_values_stay_on_the_c_path(monkeypatch):
     """numpy.float64 (a float subclass whose ``float()`` is its value) is still packed in C."""
-    real, used = codec.native, []
+    real, used = packing.native, []
 
     class Spy:
         def __getattr__(self, name: str) -> Any:
@@ -608,6 +609,6 @@ def test_numpy_float64_values_stay_on_the_c_path(monkeypatch):
             used.append(real.pack_column(*args))
             return used[-1]
 
-    monkeypatch.setattr(codec, "native", Spy())
+    monkeypatch.setattr(packing, "native", Spy())
     batch = pack_rows([(list(np.arange(8.0) + i), np.float64(i)) for i in range(10)])
     assert used == [True, True] and batch.columns[1].tolist() == list(range(10))

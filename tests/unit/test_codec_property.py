@@ -7,7 +7,7 @@ packs (the head's end, the first rows after it, each chunk's start, 1,024 / 4,09
 last row, anywhere): empty rows, rows of another length or container, odd values (None, str,
 bool, numpy scalars, float and int subclasses, ints past int64), arrays of another dtype or
 shape, or the whole partition made of empty rows. Every partition goes through the entry
-points the feed task uses, with the C packer and with ``codec.native = None``:
+points the feed task uses, with the C packer and with ``packing.native = None``:
 
 - ``Feeder._row_batches`` (an RDD's rows), counting the rows taken in a ``_Tally``;
 - ``decoded_batches`` (a stored RDD's pickled batches), for partitions of up to 3,000 rows;
@@ -35,8 +35,9 @@ from hypothesis import strategies as st
 
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder, decoded_batches
-from tfonspark.wire import codec
-from tfonspark.wire.codec import encode_batch, pack_rows
+from tfonspark.wire import packing
+from tfonspark.wire.codec import encode_batch
+from tfonspark.wire.packing import pack_rows
 
 EXAMPLES = int(os.environ.get("TFOS_PROPERTY_EXAMPLES", "400"))
 PARTITION = 5
@@ -264,13 +265,13 @@ def _outcome(make: Any) -> tuple[Any, ...]:
 
 
 def _fast_and_slow(make: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    real = codec.native
+    real = packing.native
     fast = _outcome(make) if real is not None else None
-    codec.native = None
+    packing.native = None
     try:
         slow = _outcome(make)
     finally:
-        codec.native = real
+        packing.native = real
     return (fast if fast is not None else slow), slow
 
 

@@ -190,7 +190,7 @@ def _queued_feed(batches: list, train: bool) -> tuple[DataFeed, _Stream]:
 def _feed_with_empty_batches(train: bool) -> tuple[DataFeed, _Stream]:
     """5 rows as [2 rows, 0 rows, 3 rows, 0 rows], then the end of the feed: the 0-row batches
     are what a 0-row Arrow batch of a DataFrame partition becomes."""
-    from tfonspark.wire.codec import pack_rows
+    from tfonspark.wire.packing import pack_rows
 
     rows = pack_rows([(np.full(3, i, np.float32), i) for i in range(5)])
     return _queued_feed([rows.slice(0, 2), rows.slice(0, 0), rows.slice(2, 5), rows.slice(5, 5)], train)
@@ -321,7 +321,7 @@ def test_results_of_one_received_frame_go_back_as_one_frame(monkeypatch):
 
 def _feed_of_frames(*frames: list) -> DataFeed:
     """A training feed of ``frames`` (lists of rows), each packed and queued as one received frame."""
-    from tfonspark.wire.codec import pack_rows
+    from tfonspark.wire.packing import pack_rows
 
     return _queued_feed([pack_rows(rows) for rows in frames], train=True)[0]
 

@@ -22,7 +22,7 @@ from tfonspark.errors import FeedError, InputError
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder
 from tfonspark.tfprocess.datafeed import DataFeed
-from tfonspark.wire import codec
+from tfonspark.wire import packing
 from tfonspark.wire.codec import ColumnBatch
 
 pytestmark = pytest.mark.timeout(120)
@@ -150,7 +150,7 @@ def test_rows_taken_but_no_batch_packed_fail_the_feed(make_server):  # noqa: F81
 def test_a_partition_of_only_empty_rows_fails_its_feed_task_naming_it(empty, native, make_server, monkeypatch):  # noqa: F811
     """It was a ZeroDivisionError in ``Feeder._row_batches`` on both packers."""
     if native == "pure":
-        monkeypatch.setattr(codec, "native", None)
+        monkeypatch.setattr(packing, "native", None)
     server = make_server()
     with pytest.raises(InputError) as info:
         _train_rows(feeder_for(server), [empty] * 100)

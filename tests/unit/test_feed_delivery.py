@@ -18,8 +18,9 @@ from tfonspark.host import executor_key
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import FeedServer
 from tfonspark.wire import messages as m
-from tfonspark.wire.codec import encode_batch, pack_rows
+from tfonspark.wire.codec import encode_batch
 from tfonspark.wire.framing import connect
+from tfonspark.wire.packing import pack_rows
 
 from .test_feed_local import MB, SECRET, Bg, big_rows, close_feed, drain
 

@@ -503,7 +503,8 @@ def test_a_long_hold_and_a_starving_reader_are_told_to_the_driver():
 def test_a_partition_whose_rows_do_not_all_arrive_is_refused_never_delivered_short(train_mode):
     """The feeder's FeedEnd counts the rows it took from Spark: had packing lost some (issue 43,
     row 1), the node refuses the partition with a FeedError naming it, instead of delivering it short."""
-    from tfonspark.wire.codec import encode_batch, pack_rows
+    from tfonspark.wire.codec import encode_batch
+    from tfonspark.wire.packing import pack_rows
 
     events: list = []
     server = FeedServer(SECRET, on_event=events.append)

@@ -11,7 +11,7 @@ import pytest
 
 from tfonspark.errors import InputError
 from tfonspark.executor.feeder import Feeder, decoded_batches
-from tfonspark.wire.codec import pack_rows
+from tfonspark.wire.packing import pack_rows
 from tfonspark.wire.pickled import PickledRows
 
 rng = np.random.default_rng(7)

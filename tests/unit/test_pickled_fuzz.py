@@ -238,7 +238,7 @@ def _same(a: Any, b: Any) -> bool:
 def check(blob: bytes, clean: bytes, primed: bool) -> str:
     """'fast' if the reader decoded ``blob`` (and matched ``pickle.loads``), else 'fallback'."""
     from tfonspark.executor.feeder import Feeder, decoded_batches
-    from tfonspark.wire.codec import pack_rows
+    from tfonspark.wire.packing import pack_rows
     from tfonspark.wire.pickled import PickledRows
 
     reader = PickledRows()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tfonspark.errors import AuthenticationError, ProtocolError
-from tfonspark.wire import bootstrap, codec
+from tfonspark.wire import bootstrap, packing
 from tfonspark.wire import buffers as bufs
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
@@ -817,8 +817,8 @@ def test_new_buffer_is_a_bytearray_of_the_size_asked_with_or_without_the_c_part(
         buf[-1] = 7  # writable, and resizable like any bytearray (the pool's unused probe)
         buf.append(0)
         assert len(buf) == 12346
-    if codec.native is not None:  # built: it does not zero-fill, and says so in its name
-        assert bufs._make_bytearray is codec.native.empty_bytearray
+    if packing.native is not None:  # built: it does not zero-fill, and says so in its name
+        assert bufs._make_bytearray is packing.native.empty_bytearray
     for size in (-1, -2):  # with or without the C part, as the C part has always answered
         with pytest.raises(ValueError, match=">= 0"):
             bufs.new_buffer(size)

@@ -24,19 +24,9 @@ from ..gcpause import paused
 from ..host import executor_key
 from ..wire import messages as m
 from ..wire.arrow import arrow_to_columns, columns_to_arrow
-from ..wire.codec import (
-    BATCH_KIND,
-    ColumnBatch,
-    RowPlan,
-    Scratch,
-    decode_batch,
-    encode_batch,
-    fill_frame,
-    pack_rows,
-    rebuilt_rows,
-    row_plan,
-)
+from ..wire.codec import BATCH_KIND, ColumnBatch, decode_batch, encode_batch
 from ..wire.framing import Connection, connect, connect_unix
+from ..wire.packing import RowPlan, Scratch, fill_frame, pack_rows, rebuilt_rows, row_plan
 from ..wire.pickled import PickledRows
 
 __all__ = ["FeedTarget", "Feeder", "choose_target", "decoded_batches", "pickled_batches", "rdd_feed"]

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FeedError, InputError
-from ..wire.codec import ColumnBatch, pack_rows
-from ..wire.events import EpochRead
 from ..wire.buffers import RecvBuffers
+from ..wire.codec import ColumnBatch
+from ..wire.events import EpochRead
+from ..wire.packing import pack_rows
 from .feedserver import END_FEED, EpochMark, FeedServer, Stream
 from .localfeed import LocalFeeds
 

@@ -30,8 +30,8 @@ from ..settings import (
 )
 from ..wire import events as ev
 from ..wire import messages as m
-from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.buffers import RecvBuffers, new_buffer
+from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, listen_unix, remove_unix_socket
 from ..wire.listener import Listener
 from .feedwaits import Waits

@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..settings import DEFAULT_FEED_BUFFER_BYTES
-from ..wire.codec import ColumnBatch, pack_rows
+from ..wire.codec import ColumnBatch
+from ..wire.packing import pack_rows
 from .feedserver import END_FEED, ByteQueue, ConsumerStalled
 
 __all__ = ["LocalFeeds", "LocalQueue"]
