@@ -1,7 +1,7 @@
 """Run a function on a library module as soon as it is imported, or defer a module to its first use.
 
 Two places patch a module that a program may import only later: the TF port hand-over
-(:mod:`tfonspark.tfprocess.server` hooks TF's server starts) and the TFoS face's ``lr=`` for
+(:mod:`tfonspark.ports` hooks TF's server starts) and the TFoS face's ``lr=`` for
 tf_keras optimizers (:mod:`tfonspark._tfos_keras`). An :class:`AfterImport` in ``sys.meta_path``
 finds the module with the other finders, lets its own loader run it, then calls ``patch``.
 TensorFlow's first import in a TF process also runs inside ``around`` (:mod:`tfonspark.tfimport`),

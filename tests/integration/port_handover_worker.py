@@ -2,7 +2,7 @@
 
 ``python port_handover_worker.py {start_cluster_server|mwms|explicit} OUT_JSON [through_start]``
 
-It does what a node does: reserves the port as the supervisor does (``host.reserve_port``),
+It does what a node does: reserves the port as the supervisor does (``ports.reserve_port``),
 then runs the TF process's own ``entry.run`` (which releases the port before ``map_fun`` is
 unpickled when ``release_port=True``) with a ``map_fun`` that waits a second (standing for
 unpickling, imports and data set-up), imports TensorFlow and starts the node's TF server:
@@ -90,7 +90,7 @@ def map_fun(args: dict, ctx) -> None:
         finally:
             seen["intruders"].update(worker.stop_intruders(""))  # they spun through the start
         seen["server"] = True
-        from tfonspark.tfprocess.server import pending_handovers
+        from tfonspark.ports import pending_handovers
 
         seen["still_held"] = [h.port for h in pending_handovers()]  # the reservation went with the start
         with socket.create_connection(("127.0.0.1", args["port"]), timeout=5):  # TF's server answers
@@ -103,14 +103,14 @@ def map_fun(args: dict, ctx) -> None:
 def main(mode: str, out_path: str, through_start: bool) -> None:
     from pyspark import cloudpickle
 
-    from tfonspark import host
+    from tfonspark import ports
     from tfonspark.config import InputMode, NodeConfig
     from tfonspark.tfprocess import entry
 
     shared = _Shared()
-    logging.getLogger("tfonspark.tfprocess.server").addHandler(shared)
-    logging.getLogger("tfonspark.tfprocess.server").setLevel(logging.DEBUG)
-    reserved = host.reserve_port()  # what the supervisor does, then hands to the TF process
+    logging.getLogger("tfonspark.ports").addHandler(shared)
+    logging.getLogger("tfonspark.ports").setLevel(logging.DEBUG)
+    reserved = ports.reserve_port()  # what the supervisor does, then hands to the TF process
     port = reserved.getsockname()[1]
     address = f"127.0.0.1:{port}"
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [address]}, "task": {"type": "worker", "index": 0}})

@@ -38,7 +38,8 @@ from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
 from tfonspark.executor import supervisor as supervisor_module
 from tfonspark.executor.supervisor import Supervisor
-from tfonspark.host import process_alive, reserve_port
+from tfonspark.host import process_alive
+from tfonspark.ports import reserve_port
 from tfonspark.testing import FakeDriver
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f

@@ -1,4 +1,4 @@
-"""host.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
+"""host.py, ports.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tfonspark import host
+from tfonspark import host, ports
 from tfonspark.tfprocess import tensorboard
 
 
@@ -51,7 +51,7 @@ def _local_addresses() -> list[str]:
 def test_reserved_port_cannot_be_bound_by_anyone_else(options):
     if options.get("reuseport") and not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("no SO_REUSEPORT")
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
     if hasattr(socket, "SO_REUSEPORT"):
@@ -70,7 +70,7 @@ def test_reserved_port_cannot_be_bound_by_anyone_else(options):
 
 
 def test_reservation_is_inheritable_and_never_listens():
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     try:
         assert reserved.get_inheritable()
         assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0
@@ -81,7 +81,7 @@ def test_reservation_is_inheritable_and_never_listens():
 
 
 def test_ipv6_reservation_also_holds_the_ipv4_port():
-    reserved = host.reserve_port(ipv6=True)
+    reserved = ports.reserve_port(ipv6=True)
     try:
         port = reserved.getsockname()[1]
         if reserved.family == socket.AF_INET6:
@@ -94,14 +94,14 @@ def test_ipv6_reservation_also_holds_the_ipv4_port():
 
 
 def test_a_chosen_port_can_be_reserved_again_after_release():
-    first = host.reserve_port()
+    first = ports.reserve_port()
     port = first.getsockname()[1]
     first.close()
-    again = host.reserve_port(port)
+    again = ports.reserve_port(port)
     try:
         assert again.getsockname()[1] == port
         with pytest.raises(OSError):
-            host.reserve_port(port)
+            ports.reserve_port(port)
     finally:
         again.close()
 
@@ -235,7 +235,7 @@ def test_the_reservation_also_holds_the_port_on_ipv6(options):
         pytest.skip("no IPv6 on this host")
     if options.get("reuseport") and not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("no SO_REUSEPORT")
-    reserved = host.reserve_port()  # what the supervisor does for a node with an IPv4 address
+    reserved = ports.reserve_port()  # what the supervisor does for a node with an IPv4 address
     port = reserved.getsockname()[1]
     try:
         for address in addresses:
@@ -260,8 +260,8 @@ def test_a_host_without_ipv6_still_gets_an_ipv4_reservation(monkeypatch):
             raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
         return real_socket(family, *args, **kwargs)
 
-    monkeypatch.setattr(host.socket, "socket", no_ipv6)
-    reserved = host.reserve_port()
+    monkeypatch.setattr(ports.socket, "socket", no_ipv6)
+    reserved = ports.reserve_port()
     try:
         assert reserved.family == socket.AF_INET
         with pytest.raises(OSError) as info:
@@ -300,16 +300,16 @@ def test_a_sealed_reservation_holds_the_port_once_its_server_is_gone():
     """What a worker that restarts in place relies on: the reservation, shared for its server's
     start and sealed once it listens, still holds the port against everyone when the server dies
     (its connections lingering), and lets the next server bind beside it, shared again."""
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     try:
         for _ in range(2):  # the first server, then the restarted one
-            host.share_port(reserved)
+            ports.share_port(reserved)
             assert _bindable(port, reuseaddr=True) != []  # TF's own window: any SO_REUSEADDR socket
             assert _bindable(port, reuseaddr=False) == []  # never one without the option
             server = _tf_server(port)
             server.listen(16)
-            host.seal_port(reserved)
+            ports.seal_port(reserved)
             peer = socket.create_connection(("127.0.0.1", port))
             server.accept()[0].close()  # the server's side closes first: its connection lingers
             server.close()  # the server dies
@@ -322,11 +322,11 @@ def test_a_sealed_reservation_holds_the_port_once_its_server_is_gone():
 @pytest.mark.skipif(not socket.has_ipv6, reason="TF's server binds [::]")
 def test_sealed_before_its_server_listens_the_server_could_not():
     """Why a Python bind() releases the reservation unsealed: Linux checks again at listen()."""
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     try:
-        host.share_port(reserved)
+        ports.share_port(reserved)
         server = _tf_server(reserved.getsockname()[1])
-        host.seal_port(reserved)
+        ports.seal_port(reserved)
         with server, pytest.raises(OSError) as info:
             server.listen(1)
         assert info.value.errno == errno.EADDRINUSE
@@ -338,14 +338,14 @@ def test_foreign_listeners_names_another_processs_listener_not_ours():
     with socket.socket() as mine:
         mine.bind(("127.0.0.1", 0))
         mine.listen(1)
-        assert host.foreign_listeners(mine.getsockname()[1]) == []
+        assert ports.foreign_listeners(mine.getsockname()[1]) == []
     code = "import socket, sys; s = socket.socket(socket.AF_INET6); s.bind(('::1', 0)); s.listen(1); "
     code += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
     other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert other.stdout is not None
         port = int(other.stdout.readline())
-        (found,) = host.foreign_listeners(port)
+        (found,) = ports.foreign_listeners(port)
         assert (found.address, found.port, found.uid) == ("::1", port, os.getuid()) and found.inode > 0
     finally:
         other.communicate(timeout=10)

@@ -1,4 +1,4 @@
-"""tfprocess/server.py's hand-over: the node's port stays held until its server binds it (issue 21, row 1).
+"""ports.py's hand-over: the node's port stays held until its server binds it (issue 21, row 1).
 
 TF's servers are stood in for by functions that bind like TF 2.21's gRPC server does (strace:
 ``[::]:port``, ``IPV6_V6ONLY`` off, ``SO_REUSEADDR``, no ``SO_REUSEPORT``, then ``listen``);
@@ -19,10 +19,9 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from tfonspark import host
+from tfonspark import ports
 from tfonspark.errors import ClusterError
 from tfonspark.importhook import AfterImport
-from tfonspark.tfprocess import server
 from tfonspark.tfprocess.context import NodeContext
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux bind() rules")
@@ -34,8 +33,8 @@ EAGER = "tensorflow.python.pywrap_tfe"
 @pytest.fixture(autouse=True)
 def no_hooks_left():
     yield
-    left = server.pending_handovers()
-    server.release_handovers()
+    left = ports.pending_handovers()
+    ports.release_handovers()
     assert not left, "a test left a reservation held"
     assert "bind" not in socket.socket.__dict__, "socket.bind is still hooked"
     assert not any(isinstance(f, AfterImport) for f in sys.meta_path)
@@ -119,7 +118,7 @@ def fake_tf(monkeypatch):
 def test_the_port_stays_held_until_tf_starts_its_server(fake_tf, call):
     """The TF process released the port before map_fun was even unpickled; another user
     spinning on bind() took it, and TF's server then failed or lost the peers to it."""
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     ctx = _node(reserved)
     ctx.release_port()  # what the TF process does before map_fun (release_port=True)
@@ -136,7 +135,7 @@ def test_the_port_stays_held_until_tf_starts_its_server(fake_tf, call):
         assert fake_tf.seen["during"] == [[]]  # no socket without SO_REUSEADDR got it mid-start: no gap
         assert started.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         assert _taken_by(port, reuseaddr=True) == []  # the server has it now
-        assert server.pending_handovers() == []  # and the reservation is gone
+        assert ports.pending_handovers() == []  # and the reservation is gone
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             started.accept()[0].close()  # the peer reached the server
     assert fake_tf.session.TF_NewServer is fake_tf.start  # the hooks are gone with it
@@ -160,27 +159,27 @@ def test_a_tf_imported_after_the_release_is_hooked_as_it_loads(tmp_path, monkeyp
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(server.SERVER_STARTS, "fake_tf_server_lib", ("new_server",))
+    monkeypatch.setitem(ports.SERVER_STARTS, "fake_tf_server_lib", ("new_server",))
     monkeypatch.delitem(sys.modules, "fake_tf_server_lib", raising=False)
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     _node(reserved).release_port()
     import fake_tf_server_lib  # as `import tensorflow` in map_fun, after the release
 
     assert getattr(fake_tf_server_lib.new_server, "_tfos_handover", False)
     with fake_tf_server_lib.new_server(port):
-        assert server.pending_handovers() == []
+        assert ports.pending_handovers() == []
 
 
 def test_a_tf_without_the_expected_server_start_gets_the_port_at_once(monkeypatch, caplog):
     odd = ModuleType(SESSION)  # a TF whose server start we cannot see: do not block its server
     monkeypatch.setitem(sys.modules, SESSION, odd)
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
-    with caplog.at_level(logging.WARNING, logger="tfonspark.tfprocess.server"):
+    with caplog.at_level(logging.WARNING, logger="tfonspark.ports"):
         _node(reserved).release_port()
     assert "has no TF_NewServer" in caplog.text and "releasing it now" in caplog.text
-    assert server.pending_handovers() == []
+    assert ports.pending_handovers() == []
     _grpc_bind(port).close()
 
 
@@ -190,36 +189,36 @@ def test_a_tf_without_the_expected_server_start_gets_the_port_at_once(monkeypatc
 @pytest.mark.parametrize("reuseaddr", [True, False])
 def test_a_python_bind_of_the_port_gets_it(reuseaddr):
     """TFoS programs call ctx.release_port() and then bind the port themselves."""
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     _node(reserved).release_port()
     with socket.socket() as other:  # another port: untouched, the reservation stays
         other.bind(("127.0.0.1", 0))
-    assert len(server.pending_handovers()) == 1
+    assert len(ports.pending_handovers()) == 1
     with socket.socket() as mine:
         if reuseaddr:
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         mine.bind(("127.0.0.1", port))
         mine.listen(1)
-        assert server.pending_handovers() == []
+        assert ports.pending_handovers() == []
 
 
 def test_release_port_now_frees_the_port_at_once():
     for deferred_first in (False, True):
-        reserved = host.reserve_port()
+        reserved = ports.reserve_port()
         port = reserved.getsockname()[1]
         ctx = _node(reserved)
         if deferred_first:
             ctx.release_port()
             assert _taken_by(port) == []
         ctx.release_port(now=True)  # a server in a child process, or outside Python and TF
-        assert ctx.tmp_socket is None and server.pending_handovers() == []
+        assert ctx.tmp_socket is None and ports.pending_handovers() == []
         with socket.socket() as anyone:
             anyone.bind(("0.0.0.0", port))
 
 
 def test_a_forked_child_does_not_keep_the_port_from_the_server():
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     _node(reserved).release_port()
     ready_r, ready_w = os.pipe()
@@ -230,7 +229,7 @@ def test_a_forked_child_does_not_keep_the_port_from_the_server():
         os._exit(0)
     try:
         os.read(ready_r, 1)
-        server.release_handovers()  # the parent's copy goes...
+        ports.release_handovers()  # the parent's copy goes...
         with socket.socket() as anyone:  # ...and the child's went at the fork
             anyone.bind(("0.0.0.0", port))
     finally:
@@ -241,10 +240,10 @@ def test_a_forked_child_does_not_keep_the_port_from_the_server():
 
 
 def test_the_held_port_is_not_inherited_by_child_processes():
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     assert reserved.get_inheritable()  # so the supervisor can pass it to the TF process
     _node(reserved).release_port()
-    (handover,) = server.pending_handovers()
+    (handover,) = ports.pending_handovers()
     assert not handover._sock.get_inheritable()
     handover.release()
 
@@ -255,11 +254,11 @@ def test_start_cluster_server_leaves_nothing_held_whatever_tf_does(monkeypatch):
         distribute=SimpleNamespace(Server=lambda cluster, **kw: "a server that bound nothing"),
     )
     monkeypatch.setitem(sys.modules, "tensorflow", fake)
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     ctx = _node(reserved)
     assert ctx.start_cluster_server() == ({"worker": ["127.0.0.1:1"]}, "a server that bound nothing")
-    assert server.pending_handovers() == []
+    assert ports.pending_handovers() == []
     with socket.socket() as anyone:
         anyone.bind(("0.0.0.0", port))
 
@@ -309,7 +308,7 @@ class _Intruder:
 def test_a_socket_that_got_in_during_tfs_start_fails_the_node_naming_it(fake_tf, address, tf_fails):
     """Seen: a listener co-bound on [::1] during TF's start let TF start (on 0.0.0.0) and got the
     ::1 peers; one on the wildcard made TF fail with no word of who holds the port."""
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     intruders: list[_Intruder] = []
 
@@ -326,19 +325,19 @@ def test_a_socket_that_got_in_during_tfs_start_fails_the_node_naming_it(fake_tf,
         shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         assert f"another process also listens on this node's port {port}: {shown} (uid {os.getuid()})" in text
         assert ("Could not start gRPC server" in text) is tf_fails  # TF's own error, where it had one
-        assert server.pending_handovers() == []
+        assert ports.pending_handovers() == []
     finally:
         for intruder in intruders:
             intruder.close()
 
 
 def test_a_server_alone_on_its_port_starts(fake_tf):
-    reserved = host.reserve_port()
+    reserved = ports.reserve_port()
     port = reserved.getsockname()[1]
     _node(reserved).release_port()
     with fake_tf.eager.TFE_EnableCollectiveOps("ctx", port):
-        assert host.foreign_listeners(port) == []  # its own listener is not foreign
+        assert ports.foreign_listeners(port) == []  # its own listener is not foreign
         with socket.socket() as other:
             other.bind(("127.0.0.1", 0))
             other.listen(1)
-            assert host.foreign_listeners(other.getsockname()[1]) == []  # nor any other of this process
+            assert ports.foreign_listeners(other.getsockname()[1]) == []  # nor any other of this process

@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 import tfonspark
 from tfonspark.config import InputMode
 from tfonspark.driver import launch
-from tfonspark.driver.plan import plan_roles
+from tfonspark.driver.nodes.roles import plan_roles
 from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess import server
@@ -104,7 +104,7 @@ def test_the_chief_runs_map_fun_once_every_server_listens():
 
 
 def test_the_chief_names_the_servers_that_never_listen():
-    from tfonspark.host import reserve_port
+    from tfonspark.ports import reserve_port
 
     with reserve_port() as held:  # bound, never listening
         spec = {"chief": ["127.0.0.1:1"], "ps": [f"127.0.0.1:{held.getsockname()[1]}"], "worker": []}

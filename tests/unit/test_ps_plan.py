@@ -15,8 +15,8 @@ import pytest
 
 import tfonspark
 from tfonspark.driver.launch import ClusterOptions, start
-from tfonspark.driver.plan import build_cluster_spec, plan_roles
-from tfonspark.driver.ps import chief_address, servers_accepting
+from tfonspark.driver.nodes.roles import build_cluster_spec, plan_roles
+from tfonspark.driver.services.ps import chief_address, servers_accepting
 from tfonspark.errors import ConfigError
 from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext, LocalLauncher
@@ -57,7 +57,7 @@ def test_ps_cluster_needs_a_worker_and_a_ps(workers, ps):
 
 
 def test_servers_accepting_tells_a_listening_port_from_a_reserved_one():
-    from tfonspark.host import reserve_port
+    from tfonspark.ports import reserve_port
 
     with socket.create_server(("127.0.0.1", 0)) as listening, reserve_port() as reserved:
         spec = {

@@ -20,7 +20,7 @@ import pytest
 from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
 from tfonspark.driver.ending import finish, stop_now
-from tfonspark.driver.restarts import Attempts
+from tfonspark.driver.nodes.restarts import Attempts
 from tfonspark.executor.spare import Keeper, adopt, env_digest
 from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
@@ -261,7 +261,7 @@ def test_an_adopted_spare_holds_the_reservation_itself(tmp_path, monkeypatch) ->
     import socket
 
     from tfonspark.executor import supervisor as supervisor_module
-    from tfonspark.host import reserve_port
+    from tfonspark.ports import reserve_port
 
     fake = tmp_path / "fake"
     (fake / "tensorflow").mkdir(parents=True)

@@ -42,9 +42,8 @@ from ..host import (
     local_ip_towards,
     process_alive,
     remove_scratch,
-    reserve_port,
-    seal_port,
 )
+from ..ports import reserve_port, seal_port
 from ..settings import COLLECTIVE_ENV
 from ..wire import events as ev
 from ..wire import messages as m

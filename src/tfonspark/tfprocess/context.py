@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..fs import qualify
+from ..ports import PortHandover, hand_over_port
 from .data_worker import distribute
 from .report import report_payload
-from .server import PortHandover, hand_over_port
 from .server import start_cluster_server as _start_cluster_server
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ class NodeContext:
         (``tf.distribute.Server``, ``MultiWorkerMirroredStrategy``, ``connect_to_cluster``) or a
         Python ``bind()`` of the port takes it as it binds. Until then no other process can bind
         it, except a ``SO_REUSEADDR`` socket in the milliseconds of TF's own server set-up
-        (:mod:`tfonspark.tfprocess.server` says exactly what is left). ``now=True``
+        (:mod:`tfonspark.ports` says exactly what is left). ``now=True``
         frees it at once, for a server started some other way (a child process, a library
         outside Python and TensorFlow). ``ctx.tmp_socket`` is None afterwards either way.
 
@@ -298,7 +298,7 @@ class NodeContext:
         """Send ``metrics`` to the driver: ``tfonspark.run(..., on_report=...)`` and ``cluster.reports``.
 
         For progress and results: ``ctx.report({"epoch": 3, "loss": 0.21})``. The driver receives
-        a :class:`tfonspark.driver.reports.Report` with this node's ``role`` and ``index``.
+        a :class:`tfonspark.driver.nodes.reports.Report` with this node's ``role`` and ``index``.
 
         ``metrics`` is a mapping with ``str`` keys and JSON values (str, int, float, bool, None,
         lists and str-keyed dicts of them); numpy scalars and arrays and eager tensors are

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, NodeFailed
-from ..host import reserve_port
-from .server import PortHandover, ServerNode, pending_handovers, release_handovers, servers_accepting
+from ..ports import PortHandover, pending_handovers, release_handovers, reserve_port
+from .server import ServerNode, servers_accepting
 
 __all__ = [
     "ADDRESS",
