@@ -153,7 +153,7 @@ def spares(on: bool) -> Iterator[None]:
 
     Without: the driver never marks a node to keep a spare (``Attempts``), as before spares.
     """
-    from tfonspark.driver.restarts import Attempts
+    from tfonspark.driver.nodes.restarts import Attempts
 
     original = Attempts._mark_spares
     if not on:

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
     from pyspark import SparkContext
 
-    from .driver.launcher import Launcher
-    from .driver.reports import Report
+    from .driver.nodes.launcher import Launcher
+    from .driver.nodes.reports import Report
 
 TFCluster = Cluster  # TFoS name of the class returned by run()
 

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
     from . import TFCluster, TFManager, TFNode, TFParallel, compat, errors
     from .config import InputMode
     from .driver.cluster import Cluster
-    from .driver.data_service import DataService, data_service
-    from .driver.ps import PSCluster, ps_cluster
-    from .driver.reports import Report
-    from .driver.restarts import Restart
+    from .driver.nodes.reports import Report
+    from .driver.nodes.restarts import Restart
+    from .driver.nodes.stopping import request_stop
     from .driver.runner import run
-    from .driver.stopping import request_stop
+    from .driver.services.data_service import DataService, data_service
+    from .driver.services.ps import PSCluster, ps_cluster
     from .settings import Settings
     from .tfprocess.context import NodeContext, hdfs_path
     from .tfprocess.datafeed import DataFeed, feed_dataset
@@ -40,19 +40,19 @@ _FACES = ("TFCluster", "TFManager", "TFNode", "TFParallel", "compat")
 _LAZY = {
     "Cluster": ".driver.cluster",
     "DataFeed": ".tfprocess.datafeed",
-    "DataService": ".driver.data_service",
+    "DataService": ".driver.services.data_service",
     "Debug": ".tfprocess.debugging",
     "InputMode": ".config",
     "NodeContext": ".tfprocess.context",
-    "PSCluster": ".driver.ps",
-    "Report": ".driver.reports",
-    "Restart": ".driver.restarts",
+    "PSCluster": ".driver.services.ps",
+    "Report": ".driver.nodes.reports",
+    "Restart": ".driver.nodes.restarts",
     "Settings": ".settings",
-    "data_service": ".driver.data_service",
+    "data_service": ".driver.services.data_service",
     "feed_dataset": ".tfprocess.datafeed",
     "hdfs_path": ".tfprocess.context",
-    "ps_cluster": ".driver.ps",
-    "request_stop": ".driver.stopping",
+    "ps_cluster": ".driver.services.ps",
+    "request_stop": ".driver.nodes.stopping",
     "run": ".driver.runner",
 }
 

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .driver.stopping import request_stop
+from .driver.nodes.stopping import request_stop
 from .errors import TFoSError
 
 __all__ = ["SECRET_ENV_VAR", "main"]

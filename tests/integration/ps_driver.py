@@ -88,7 +88,7 @@ class _Boom(Exception):
 
 def main(master: str, out_path: str, driver_ps: bool, fail: bool) -> None:
     import tfonspark
-    from tfonspark.driver.ps import servers_accepting
+    from tfonspark.driver.services.ps import servers_accepting
     from tfonspark.testing import SparkManager
 
     sc = SparkManager.instance().get(master)

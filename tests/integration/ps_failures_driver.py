@@ -55,7 +55,7 @@ def _kill(cluster, node: str) -> float:
 
 def _accepting_at(spec: dict, node: str, since: float, timeout: float = 120) -> float:
     """Seconds from ``since`` until ``node``'s address accepts a connection again (after it stopped)."""
-    from tfonspark.driver.ps import servers_accepting
+    from tfonspark.driver.services.ps import servers_accepting
 
     deadline = time.monotonic() + timeout
     while servers_accepting(spec, (node.split(":")[0],))[node] and time.monotonic() < deadline:
@@ -233,7 +233,7 @@ def _ps_kill(cluster, coordinator, schedule, runs, out: dict) -> None:
 
 def main(master: str, out_path: str, two_workers: bool) -> None:
     import tfonspark
-    from tfonspark.driver.ps import servers_accepting
+    from tfonspark.driver.services.ps import servers_accepting
     from tfonspark.errors import NodeFailed
     from tfonspark.testing import SparkManager
 

@@ -57,7 +57,7 @@ def train(cluster, target: str, out: dict) -> None:
 
 def main(master: str, out_path: str) -> None:
     import tfonspark
-    from tfonspark.driver.ps import servers_accepting
+    from tfonspark.driver.services.ps import servers_accepting
     from tfonspark.testing import SparkManager
 
     sc = SparkManager.instance().get(master)

@@ -133,7 +133,7 @@ def test_fed_mwms_training_after_a_tensorflow_cluster_never_waits_for_the_pacing
     deadline = time.monotonic() + 180
     while sum(bool(r.metrics.get("ready")) for r in reports) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    with caplog.at_level(logging.INFO, logger="tfonspark.driver.feed_watch"):
+    with caplog.at_level(logging.INFO, logger="tfonspark.driver.feeds.feed_watch"):
         start = time.monotonic()
         fed = cluster.train(df, num_epochs=1, feed_timeout=FEED_TIMEOUT)
         train_s = time.monotonic() - start

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import tfonspark
-from tfonspark.driver.ps import servers_accepting
+from tfonspark.driver.services.ps import servers_accepting
 from tfonspark.errors import ReservationTimeout
 
 from .conftest import run_driver, wait_until

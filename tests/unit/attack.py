@@ -229,8 +229,8 @@ def _finish(proc: subprocess.Popen) -> dict:
 
 
 def _serve_main(args: argparse.Namespace) -> None:
-    from tfonspark.driver.plan import plan_roles
-    from tfonspark.driver.rendezvous import RendezvousServer
+    from tfonspark.driver.nodes.rendezvous import RendezvousServer
+    from tfonspark.driver.nodes.roles import plan_roles
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, hard))

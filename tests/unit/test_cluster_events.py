@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tfonspark.driver.feeding import Feeds
-from tfonspark.driver.node_events import NodeEvents
-from tfonspark.driver.reports import ReportLog
+from tfonspark.driver.feeds.feeding import Feeds
+from tfonspark.driver.nodes.node_events import NodeEvents
+from tfonspark.driver.nodes.reports import ReportLog
 from tfonspark.errors import FeedTimeout
 from tfonspark.testing import FakeSparkContext
 from tfonspark.wire import events as ev

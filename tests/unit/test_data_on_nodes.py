@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfonspark.driver import service_beside
 from tfonspark.driver.launch import ClusterOptions, split_options
+from tfonspark.driver.services import beside
 from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
 from tfonspark.settings import Settings
 from tfonspark.tfprocess import data_worker
@@ -24,8 +24,8 @@ def test_run_takes_data_service_on_as_a_keyword():
 
 
 def test_executors_keep_map_fun_and_nodes_wrap_it():
-    assert service_beside.node_program(main_fun, ClusterOptions(data_service=2), 2) is main_fun
-    program = service_beside.node_program(
+    assert beside.node_program(main_fun, ClusterOptions(data_service=2), 2) is main_fun
+    program = beside.node_program(
         main_fun, ClusterOptions(data_service=2, data_service_on="nodes", reservation_timeout=30), 3
     )
     assert program == OnNodes(main_fun, 2, 30.0)
@@ -44,7 +44,7 @@ def test_executors_keep_map_fun_and_nodes_wrap_it():
 )
 def test_options_the_nodes_cannot_serve_are_refused(options, nodes, says):
     with pytest.raises(ConfigError, match="data_service_on") as info:
-        service_beside.node_program(main_fun, options, nodes)
+        beside.node_program(main_fun, options, nodes)
     assert says in str(info.value), str(info.value)
 
 
@@ -102,8 +102,8 @@ def dispatch(monkeypatch):
             self.stopped += 1
 
     handover = FakeHandover()
-    monkeypatch.setattr(service_beside, "reserve_dispatcher", lambda sc: (handover, "driver:7"))
-    monkeypatch.setattr(service_beside, "dispatcher_for", lambda h, a, w: made.append(Svc(w)) or made[-1])
+    monkeypatch.setattr(beside, "reserve_dispatcher", lambda sc: (handover, "driver:7"))
+    monkeypatch.setattr(beside, "dispatcher_for", lambda h, a, w: made.append(Svc(w)) or made[-1])
     return SimpleNamespace(made=made, handover=handover)
 
 
@@ -121,7 +121,7 @@ def _start(cluster, count=2, timeout=5.0):
         return cluster
 
     options = ClusterOptions(data_service=count, data_service_on="nodes", reservation_timeout=timeout)
-    return service_beside.start_beside(None, options, Settings(), None, begin, 2), targets
+    return beside.start_beside(None, options, Settings(), None, begin, 2), targets
 
 
 def test_the_dispatcher_starts_with_the_addresses_the_nodes_reported(dispatch):

@@ -42,7 +42,7 @@ def test_a_hung_reader_fails_once_a_worker_is_lost():
 def test_the_service_watches_with_its_own_cluster_failures():
     from types import SimpleNamespace
 
-    from tfonspark.driver.data_service import DataService
+    from tfonspark.driver.services.data_service import DataService
 
     lost: list[str] = []
     cluster = SimpleNamespace(server=SimpleNamespace(failures=lambda: list(lost)))

@@ -11,7 +11,7 @@ import pytest
 from tfonspark import demo
 from tfonspark.demo import cli, limit_rows, shard, to_features
 from tfonspark.demo.progress import Console, format_progress, progress_message, result_message
-from tfonspark.driver.reports import Report
+from tfonspark.driver.nodes.reports import Report
 from tfonspark.errors import ConfigError
 from tfonspark.tfprocess.report import report_payload
 

@@ -22,14 +22,14 @@ import time
 import pytest
 
 from tfonspark.config import NodeConfig
-from tfonspark.driver import rendezvous, reports
-from tfonspark.driver.feeding import Feeds
-from tfonspark.driver.gang import Gang
-from tfonspark.driver.launcher import LocalLauncher
-from tfonspark.driver.node_events import NodeEvents
-from tfonspark.driver.plan import plan_roles
-from tfonspark.driver.rendezvous import RendezvousServer
-from tfonspark.driver.reports import ReportLog
+from tfonspark.driver.feeds.feeding import Feeds
+from tfonspark.driver.nodes import rendezvous, reports
+from tfonspark.driver.nodes.gang import Gang
+from tfonspark.driver.nodes.launcher import LocalLauncher
+from tfonspark.driver.nodes.node_events import NodeEvents
+from tfonspark.driver.nodes.rendezvous import RendezvousServer
+from tfonspark.driver.nodes.reports import ReportLog
+from tfonspark.driver.nodes.roles import plan_roles
 from tfonspark.testing import FakeSparkContext
 from tfonspark.wire import messages as m
 

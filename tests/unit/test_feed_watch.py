@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from tests.waiting import wait_until
-from tfonspark.driver.feed_watch import FeedWatch, tasks_to_launch
+from tfonspark.driver.feeds.feed_watch import FeedWatch, tasks_to_launch
 from tfonspark.wire import messages as m
 
 

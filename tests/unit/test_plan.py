@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tfonspark.distribute.tf_config import build_tf_config, task_info
-from tfonspark.driver.plan import (
+from tfonspark.driver.nodes.roles import (
     CHIEF_ROLES,
     DATA_ROLES,
     SERVICE_ROLES,

@@ -16,9 +16,9 @@ from pyspark import cloudpickle
 
 import tfonspark
 from tfonspark.distribute import sidecar
-from tfonspark.driver.plan import plan_roles
-from tfonspark.driver.rendezvous import NodeState
-from tfonspark.driver.sidecars import EVALUATOR_GRACE_SECS, finish_evaluators
+from tfonspark.driver.nodes.rendezvous import NodeState
+from tfonspark.driver.nodes.roles import plan_roles
+from tfonspark.driver.nodes.sidecars import EVALUATOR_GRACE_SECS, finish_evaluators
 from tfonspark.errors import ConfigError
 from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess import server

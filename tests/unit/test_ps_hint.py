@@ -71,7 +71,7 @@ class _Stops:
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="BaseException.add_note is Python 3.11")
 def test_leaving_a_ps_cluster_block_with_the_error_adds_the_hint():
-    from tfonspark.driver.ps import PSCluster
+    from tfonspark.driver.services.ps import PSCluster
 
     stops = _Stops()
     with pytest.raises(ValueError) as info, PSCluster(stops, "127.0.0.1:1", stops):

@@ -23,8 +23,8 @@ import pytest
 from tests.waiting import wait_until
 from tfonspark import settings
 from tfonspark.config import NodeConfig
-from tfonspark.driver.plan import build_cluster_spec, plan_roles
-from tfonspark.driver.rendezvous import RendezvousServer, bind_server_socket
+from tfonspark.driver.nodes.rendezvous import RendezvousServer, bind_server_socket
+from tfonspark.driver.nodes.roles import build_cluster_spec, plan_roles
 from tfonspark.errors import AuthenticationError, ConfigError, ProtocolError
 from tfonspark.testing import free_ports
 from tfonspark.wire import events as ev

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from tests.waiting import wait_until
-from tfonspark.driver import rendezvous
-from tfonspark.driver.plan import plan_roles
-from tfonspark.driver.rendezvous import RendezvousServer
-from tfonspark.driver.reports import KEEP_BYTES, KEEP_REPORTS, ReportLog
+from tfonspark.driver.nodes import rendezvous
+from tfonspark.driver.nodes.rendezvous import RendezvousServer
+from tfonspark.driver.nodes.reports import KEEP_BYTES, KEEP_REPORTS, ReportLog
+from tfonspark.driver.nodes.roles import plan_roles
 from tfonspark.executor.supervisor import MAX_EVENT_BYTES
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
@@ -70,7 +70,7 @@ def test_an_event_over_max_event_bytes_is_refused_and_the_node_stays(server, nod
     """Before: the driver kept a 1 MiB event (and a 5 MiB one broke the connection: node lost)."""
     conn = nodes[0]
     big = ev.Reported({"blob": "x" * (1024 * 1024)})
-    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.nodes.rendezvous"):
         m.send_message(conn, big)
         m.send_message(conn, ev.Reported({"loss": 0.5}))
         got = _taken(server, conn)
@@ -105,7 +105,7 @@ def test_a_largest_report_is_accepted(server, nodes):
     ],
 )
 def test_a_bad_field_is_refused_with_what_was_received_and_what_is_valid(server, nodes, caplog, kind, fields, said):
-    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.nodes.rendezvous"):
         nodes[0].send(b"J" + json.dumps({"type": kind, **fields}).encode())
         assert _taken(server, nodes[0]) == []
     message = caplog.records[0].getMessage()
@@ -122,7 +122,7 @@ def test_a_malformed_message_that_is_no_event_still_loses_the_node(server, nodes
 
 
 def test_refusals_are_logged_at_a_bounded_rate(server, nodes, caplog):
-    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.rendezvous"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.driver.nodes.rendezvous"):
         for _ in range(50):
             nodes[0].send(b'J{"type": "epoch_read", "feed_id": 7, "epoch": 0}')
         _taken(server, nodes[0])
@@ -185,7 +185,7 @@ def test_a_terminated_feed_is_noted_on_the_node_as_it_is_recorded(server, nodes)
 def test_a_watcher_that_falls_behind_loses_the_oldest_reports_not_the_notices(server, nodes, monkeypatch, caplog):
     monkeypatch.setattr(rendezvous, "EVENT_BACKLOG", 50)
     stall = ev.FeedStalled("f", 1, timeout=1.0)
-    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.rendezvous"):
+    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.nodes.rendezvous"):
         m.send_message(nodes[0], stall)
         for step in range(120):
             m.send_message(nodes[0], ev.Reported({"step": step}))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tfonspark
-from tfonspark.driver.restarts import cause_line, exhausted
+from tfonspark.driver.nodes.restarts import cause_line, exhausted
 from tfonspark.errors import ConfigError, NodeFailed
 from tfonspark.testing import FakeSparkContext, LocalLauncher
 
@@ -56,7 +56,7 @@ def test_a_failed_node_restarts_the_cluster_with_the_next_attempt(tmp_path):
 
 def test_a_killed_tf_process_is_restarted_and_named_in_the_log(tmp_path, caplog):
     args = {"dir": str(tmp_path), "failing_attempts": 1, "how": "kill", "sleep": 3}
-    with caplog.at_level("WARNING", logger="tfonspark.driver.restarts"):
+    with caplog.at_level("WARNING", logger="tfonspark.driver.nodes.restarts"):
         cluster = run(fail_first_attempt, args, max_restarts=1)
         cluster.shutdown(timeout=60)
     assert cluster.restarts == 1

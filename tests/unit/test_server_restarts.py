@@ -21,8 +21,8 @@ import pytest
 
 from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
-from tfonspark.driver.node_events import NodeEvents, ServerRestart, how_it_died
-from tfonspark.driver.ps import PSCluster
+from tfonspark.driver.nodes.node_events import NodeEvents, ServerRestart, how_it_died
+from tfonspark.driver.services.ps import PSCluster
 from tfonspark.errors import NodeFailed
 from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
@@ -215,7 +215,7 @@ def test_a_serving_worker_killed_by_a_signal_restarts_until_the_limit():
 def test_the_driver_logs_a_restart_and_records_it(caplog):
     event = ev.ServerRestarted(restart=2, limit=3, exit_code=-9, down_s=7.25)
     node = types.SimpleNamespace(role=types.SimpleNamespace(name="worker:1", job_name="worker", task_index=1))
-    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.node_events"):
+    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.nodes.node_events"):
         NodeEvents(reports=None, feeds=None)(node, event)  # type: ignore[arg-type]
     assert "worker:1" in caplog.text and "SIGKILL" in caplog.text and "2 of at most 3" in caplog.text
     record = ServerRestart.of("worker:1", event)
@@ -264,11 +264,11 @@ def gang_of(caplog):
     the driver's ``NodeEvents``; ``gang_of(restarts)`` gives ``(gang, send, sync)``: ``send(node,
     event)`` writes an event on that node's supervisor connection, ``sync()`` waits until all sent
     so far were handed out. No TF process: the events are what a TF process could forge."""
-    from tfonspark.driver.gang import Gang
-    from tfonspark.driver.launcher import LocalLauncher
-    from tfonspark.driver.plan import plan_roles
-    from tfonspark.driver.rendezvous import RendezvousServer
-    from tfonspark.driver.reports import ReportLog
+    from tfonspark.driver.nodes.gang import Gang
+    from tfonspark.driver.nodes.launcher import LocalLauncher
+    from tfonspark.driver.nodes.rendezvous import RendezvousServer
+    from tfonspark.driver.nodes.reports import ReportLog
+    from tfonspark.driver.nodes.roles import plan_roles
     from tfonspark.wire import framing as f
 
     made: list[tuple[RendezvousServer, Gang, list[f.Connection]]] = []
@@ -377,7 +377,7 @@ def test_genuine_restarts_of_each_worker_are_kept_and_logged_once_each(gang_of, 
 
 
 def test_with_a_huge_limit_the_records_and_the_log_stay_bounded(gang_of, caplog):
-    from tfonspark.driver.gang import KEEP_SERVER_RESTARTS
+    from tfonspark.driver.nodes.gang import KEEP_SERVER_RESTARTS
 
     gang, send, sync = gang_of(10**6)  # max_restarts=1_000_000
     total = KEEP_SERVER_RESTARTS + 2_000

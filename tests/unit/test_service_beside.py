@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tfonspark.config import NodeConfig
-from tfonspark.driver import service_beside
 from tfonspark.driver.launch import ClusterOptions, split_options
+from tfonspark.driver.services import beside
 from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.settings import Settings
 from tfonspark.tfprocess.context import NodeContext
@@ -43,8 +43,8 @@ def svc(monkeypatch):
         calls.append((count, kwargs["reservation_timeout"]))
         return made
 
-    monkeypatch.setattr(service_beside, "data_service", fake)
-    monkeypatch.setattr(service_beside, "wait_for_slots", lambda sc, needed, timeout: needed)
+    monkeypatch.setattr(beside, "data_service", fake)
+    monkeypatch.setattr(beside, "wait_for_slots", lambda sc, needed, timeout: needed)
     made.calls = calls
     return made
 
@@ -52,7 +52,7 @@ def svc(monkeypatch):
 def test_the_service_starts_first_and_ends_with_the_cluster(svc):
     cluster = FakeCluster()
     targets = []
-    got = service_beside.start_beside(
+    got = beside.start_beside(
         None,
         ClusterOptions(data_service=2, reservation_timeout=30),
         Settings(),
@@ -72,7 +72,7 @@ def test_a_cluster_that_cannot_start_stops_the_service(svc):
         raise ConfigError("no")
 
     with pytest.raises(ConfigError, match="no"):
-        service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, fail, 1)
+        beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, fail, 1)
     assert svc.stopped == 1
 
 
@@ -82,7 +82,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 
     svc.shutdown = broken
     cluster = FakeCluster()
-    service_beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, cluster.begin, 1)
+    beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, cluster.begin, 1)
     cluster.closers[0]()
     assert "worker 0 died" in caplog.text
 
@@ -90,15 +90,15 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_data_service_must_be_a_count(svc, bad):
     with pytest.raises(ConfigError, match="data_service must be a whole number"):
-        service_beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t, on_end: None, 1)
+        beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t, on_end: None, 1)
     assert svc.calls == []
 
 
 def test_too_few_slots_for_nodes_and_workers_name_both(svc, monkeypatch):
-    monkeypatch.setattr(service_beside, "wait_for_slots", lambda sc, needed, timeout: 2)
+    monkeypatch.setattr(beside, "wait_for_slots", lambda sc, needed, timeout: 2)
     options = ClusterOptions(data_service=1, reservation_timeout=3)
     with pytest.raises(ReservationTimeout) as info:
-        service_beside.start_beside("sc", options, Settings(), None, lambda t, on_end: None, 2)
+        beside.start_beside("sc", options, Settings(), None, lambda t, on_end: None, 2)
     message = str(info.value)
     assert "run(num_executors=2, data_service=1) needs 3 Spark task slots" in message, message
     assert "spark.executor.instances" in message and (info.value.required, info.value.registered) == (3, 2)

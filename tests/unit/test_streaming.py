@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tfonspark.driver import streaming
-from tfonspark.driver.feeding import Feeds
-from tfonspark.driver.streaming import Streams
+from tfonspark.driver.feeds import streaming
+from tfonspark.driver.feeds.feeding import Feeds
+from tfonspark.driver.feeds.streaming import Streams
 from tfonspark.errors import ConfigError, NodeFailed
 from tfonspark.executor.feeder import FeedTarget
 from tfonspark.testing import FakeSparkContext

@@ -13,9 +13,9 @@ import pytest
 
 import tfonspark
 from tfonspark import stop as stop_cli
-from tfonspark.driver.plan import plan_roles
-from tfonspark.driver.rendezvous import RendezvousServer
-from tfonspark.driver.stopping import StopFile, read_stop_file, write_stop_file
+from tfonspark.driver.nodes.rendezvous import RendezvousServer
+from tfonspark.driver.nodes.roles import plan_roles
+from tfonspark.driver.nodes.stopping import StopFile, read_stop_file, write_stop_file
 from tfonspark.errors import AuthenticationError, ClusterError, ConfigError
 
 SECRET = hashlib.sha256(b"stop-test-secret").digest()

@@ -87,7 +87,7 @@ class Console:
     _has_result: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __call__(self, report: Any) -> None:
-        """Handle one :class:`tfonspark.driver.reports.Report`."""
+        """Handle one :class:`tfonspark.driver.nodes.reports.Report`."""
         message, worker = report.metrics, int(report.index)
         if message.get("kind") == "result":
             self.result = dict(message)

@@ -1,7 +1,7 @@
 """Putting a :class:`~tfonspark.driver.cluster.Cluster` together and starting it (``tfonspark.run``).
 
 The pieces need each other: the feed jobs and streams ask the running gang about the nodes
-(:class:`~tfonspark.driver.gang.LiveNodes`), each gang hands node events to the feeds and the
+(:class:`~tfonspark.driver.nodes.gang.LiveNodes`), each gang hands node events to the feeds and the
 report log, and a restart forms the next gang. This module wires them once, here.
 """
 
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode, NodeConfig
 from .cluster import Cluster
-from .feeding import Feeds
-from .gang import Gang, LiveNodes
-from .launcher import Launcher, SparkLauncher
-from .node_events import NodeEvents
-from .plan import NodeRole
-from .rendezvous import RendezvousServer
-from .reports import ReportLog
-from .restarts import Attempts, check_max_restarts
-from .streaming import Streams
+from .feeds.feeding import Feeds
+from .feeds.streaming import Streams
+from .nodes.gang import Gang, LiveNodes
+from .nodes.launcher import Launcher, SparkLauncher
+from .nodes.node_events import NodeEvents
+from .nodes.rendezvous import RendezvousServer
+from .nodes.reports import ReportLog
+from .nodes.restarts import Attempts, check_max_restarts
+from .nodes.roles import NodeRole
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -1,8 +1,8 @@
 """The user's handle on one TensorFlow cluster (TFoS ``TFCluster``): feed it, watch it, shut it down.
 
-Collaborators do the work: the running :class:`~tfonspark.driver.gang.Gang` (nodes, server,
-watcher), :class:`~tfonspark.driver.restarts.Attempts`, :class:`~tfonspark.driver.feeding.Feeds`
-and :class:`~tfonspark.driver.streaming.Streams`; :mod:`.assemble` wires and starts them.
+Collaborators do the work: the running :class:`~tfonspark.driver.nodes.gang.Gang` (nodes, server,
+watcher), :class:`~tfonspark.driver.nodes.restarts.Attempts`, :class:`~tfonspark.driver.feeds.feeding.Feeds`
+and :class:`~tfonspark.driver.feeds.streaming.Streams`; :mod:`.assemble` wires and starts them.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 from ..config import InputMode
 from ..errors import ConfigError, NodeFailed
 from .ending import finish, stop_now
-from .epochs import train_epochs
-from .feeding import Feeds
-from .gang import SPARK_SETTINGS
-from .node_events import ServerRestart
-from .rendezvous import RendezvousServer
-from .reports import Report, ReportLog
-from .restarts import Attempts, Restart
-from .stopping import write_stop_file
-from .streaming import Streams, is_dstream, is_streaming_df
+from .feeds.epochs import train_epochs
+from .feeds.feeding import Feeds
+from .feeds.streaming import Streams, is_dstream, is_streaming_df
+from .nodes.gang import SPARK_SETTINGS
+from .nodes.node_events import ServerRestart
+from .nodes.rendezvous import RendezvousServer
+from .nodes.reports import Report, ReportLog
+from .nodes.restarts import Attempts, Restart
+from .nodes.stopping import write_stop_file
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

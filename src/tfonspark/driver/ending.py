@@ -9,9 +9,9 @@ from typing import Any
 
 from ..errors import FeedError, NodeFailed, ShutdownTimeout
 from ..wire.errors import reraise, summary
-from .restarts import Attempts
-from .sidecars import finish_evaluators
-from .streaming import Streams
+from .feeds.streaming import Streams
+from .nodes.restarts import Attempts
+from .nodes.sidecars import finish_evaluators
 
 __all__ = ["finish", "stop_now"]
 

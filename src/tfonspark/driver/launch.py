@@ -27,16 +27,16 @@ from ..wire.framing import new_secret
 from .assemble import start_cluster
 from .cluster import SPARK_SETTINGS, Cluster
 from .jobs import barrier_supported, wait_for_slots
-from .launcher import Launcher, SparkLauncher
-from .plan import CHIEF_ROLES, plan_roles
-from .rendezvous import RendezvousServer
-from .reports import Report, ReportLog
-from .restarts import check_max_restarts
+from .nodes.launcher import Launcher, SparkLauncher
+from .nodes.rendezvous import RendezvousServer
+from .nodes.reports import Report, ReportLog
+from .nodes.restarts import check_max_restarts
+from .nodes.roles import CHIEF_ROLES, plan_roles
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from .plan import NodeRole
+    from .nodes.roles import NodeRole
 
 __all__ = [
     "Begin",

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 from ..settings import Settings
 from .cluster import Cluster
 from .launch import RunOptions, prepare, split_options
-from .reports import Report
-from .service_beside import node_program, start_beside
+from .nodes.reports import Report
+from .services.beside import node_program, start_beside
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from pyspark import SparkContext
 
-    from .launcher import Launcher
+    from .nodes.launcher import Launcher
 
 __all__ = ["run"]
 

@@ -12,7 +12,7 @@ strategy's scope, under which the model must be built and compiled:
 * a single process (no ``TF_CONFIG``): TensorFlow's default strategy;
 * a cluster with ``ps`` tasks: ``ParameterServerStrategy``, which only its *coordinator* (the
   chief) creates; ps and worker tasks serve it with ``create_server().join()``
-  (:func:`tfonspark.driver.ps.ps_cluster` and ``run(..., coordinator=True)`` arrange that).
+  (:func:`tfonspark.driver.services.ps.ps_cluster` and ``run(..., coordinator=True)`` arrange that).
 """
 
 from __future__ import annotations

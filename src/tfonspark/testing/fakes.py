@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..driver.launcher import LocalLauncher
+from ..driver.nodes.launcher import LocalLauncher
 
 __all__ = ["FakeAccumulator", "FakeRDD", "FakeSparkContext", "LocalLauncher", "fake_nvidia_smi"]
 

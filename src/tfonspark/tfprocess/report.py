@@ -4,7 +4,7 @@ The path: :class:`Reporter` writes a :class:`~tfonspark.wire.events.Reported` st
 the supervisor (``tfprocess/entry.py``), the supervisor relays that event to the driver on its
 authenticated connection, and the driver
 hands it to ``tfonspark.run(..., on_report=...)`` and keeps it in ``cluster.reports``
-(:mod:`tfonspark.driver.reports`). So a report costs no extra connection, port or secret.
+(:mod:`tfonspark.driver.nodes.reports`). So a report costs no extra connection, port or secret.
 
 Two rules shape this module:
 

@@ -21,18 +21,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ReservationTimeout
-from ..settings import Settings
-from ..tfprocess.data_worker import ADDRESS, OnNodes
-from .cluster import SPARK_SETTINGS, Cluster
+from ...errors import ConfigError, ReservationTimeout
+from ...settings import Settings
+from ...tfprocess.data_worker import ADDRESS, OnNodes
+from ..cluster import SPARK_SETTINGS, Cluster
+from ..jobs import wait_for_slots
+from ..launch import Begin, ClusterOptions
 from .data_service import DataService, data_service, dispatcher_for, reserve_dispatcher
-from .jobs import wait_for_slots
-from .launch import Begin, ClusterOptions
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from .launcher import Launcher
+    from ..nodes.launcher import Launcher
 
 __all__ = ["PLACES", "node_program", "start_beside"]
 

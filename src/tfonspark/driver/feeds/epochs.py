@@ -11,11 +11,11 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import NodeFailed
+from ...errors import NodeFailed
+from ..nodes.gang import Gang
+from ..nodes.rendezvous import NodeState
+from ..nodes.restarts import Attempts
 from .feeding import Feeds, check_num_epochs
-from .gang import Gang
-from .rendezvous import NodeState
-from .restarts import Attempts
 
 __all__ = ["await_read_through", "train_epochs"]
 

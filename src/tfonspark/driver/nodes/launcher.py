@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..config import InputMode, NodeConfig
-from ..executor.node import node_task, start_node
-from ..wire.errors import captured
-from .jobs import BackgroundJob
+from ...config import InputMode, NodeConfig
+from ...executor.node import node_task, start_node
+from ...wire.errors import captured
+from ..jobs import BackgroundJob
 
 __all__ = ["LaunchHandle", "Launcher", "LocalLauncher", "SparkLauncher"]
 

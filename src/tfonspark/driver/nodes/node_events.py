@@ -11,14 +11,14 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ..errors import FeedTimeout
-from ..wire import events as ev
-from .feeding import Feeds
+from ...errors import FeedTimeout
+from ...wire import events as ev
 from .rendezvous import NodeState
 from .reports import ReportLog
 
-__all__ = ["NodeEvents", "ServerRestart", "how_it_died"]
+__all__ = ["FeedListener", "NodeEvents", "ServerRestart", "how_it_died"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,31 @@ def how_it_died(exit_code: int) -> str:
         return f"killed by signal {-exit_code}"
 
 
-class NodeEvents:
-    """Dispatches node events by type: ``Reported`` to ``reports``, ``FeedStalled`` to ``feeds``."""
+class FeedListener(Protocol):
+    """What the feed events go to: the cluster's feed jobs (:class:`~tfonspark.driver.feeds.feeding.Feeds`)."""
 
-    def __init__(self, reports: ReportLog, feeds: Feeds) -> None:
+    @property
+    def running(self) -> str:
+        """The feed id of the running ``train()``, ``""`` if none."""
+        ...
+
+    def stalled(self, feed_id: str, train: bool, error: FeedTimeout) -> bool:
+        """A node reported a stalled partition of ``feed_id``; whether the running feed was cancelled."""
+        ...
+
+    def held(self, feed_id: str) -> None:
+        """A node holds a partition's Ack of ``feed_id`` (pacing)."""
+        ...
+
+    def starved(self) -> None:
+        """A data node waits for training data with nothing queued or arriving."""
+        ...
+
+
+class NodeEvents:
+    """Dispatches node events by type: ``Reported`` to ``reports``, the feed's events to ``feeds``."""
+
+    def __init__(self, reports: ReportLog, feeds: FeedListener) -> None:
         self.reports = reports
         self.feeds = feeds
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = [
     "CHIEF_ROLES",

@@ -1,7 +1,7 @@
 """One start of a cluster's nodes (an attempt): its rendezvous server, node launches and event watcher.
 
 A :class:`~tfonspark.driver.cluster.Cluster` holds one :class:`Gang` at a time; a restart
-(:class:`~tfonspark.driver.restarts.Attempts`) tears it down and forms the next. The gang starts
+(:class:`~tfonspark.driver.nodes.restarts.Attempts`) tears it down and forms the next. The gang starts
 the nodes, answers what the feed jobs and streams ask about them (through :class:`LiveNodes`,
 which always asks the running gang), raises :func:`node_failed` after tearing down on a node
 failure, and tears down.
@@ -19,15 +19,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ..config import NodeConfig
-from ..errors import NodeFailed, ReservationTimeout
-from ..executor.feeder import FeedTarget
-from ..wire.errors import reraise, summary
-from ..wire.events import NodeEvent, ServerRestarted
+from ...config import NodeConfig
+from ...errors import NodeFailed, ReservationTimeout
+from ...executor.feeder import FeedTarget
+from ...wire.errors import reraise, summary
+from ...wire.events import NodeEvent, ServerRestarted
 from .launcher import Launcher, LaunchHandle, LocalLauncher
 from .node_events import ServerRestart
-from .plan import DATA_ROLES, NodeRole
 from .rendezvous import NodeState, RendezvousServer
+from .roles import DATA_ROLES, NodeRole
 from .stopping import StopFile
 
 __all__ = ["KEEP_SERVER_RESTARTS", "SPARK_SETTINGS", "Gang", "LiveNodes", "ServerRestarts", "node_failed"]

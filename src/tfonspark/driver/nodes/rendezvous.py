@@ -16,7 +16,7 @@ of them, beyond which the oldest reports are dropped with a warning. What the cl
 from events later is kept as compact state as they arrive: the last epoch each node read
 through for the last ``MARKED_FEEDS`` feeds (:meth:`RendezvousServer.epochs_read`), and a
 terminated feed on its node (``NodeState.feed_ended``). The reports themselves are kept by
-:class:`~tfonspark.driver.reports.ReportLog` (the latest ``KEEP_REPORTS``, at most ``KEEP_BYTES``).
+:class:`~tfonspark.driver.nodes.reports.ReportLog` (the latest ``KEEP_REPORTS``, at most ``KEEP_BYTES``).
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .. import settings
-from ..errors import ConfigError, ProtocolError
-from ..executor.supervisor import MAX_EVENT_BYTES
-from ..host import is_wildcard
-from ..wire import events as ev
-from ..wire import messages as m
-from ..wire.events import MAX_FEED_ID
-from ..wire.framing import Connection
-from ..wire.listener import Listener
-from .plan import NodeRole, build_cluster_spec
+from ... import settings
+from ...errors import ConfigError, ProtocolError
+from ...executor.supervisor import MAX_EVENT_BYTES
+from ...host import is_wildcard
+from ...wire import events as ev
+from ...wire import messages as m
+from ...wire.events import MAX_FEED_ID
+from ...wire.framing import Connection
+from ...wire.listener import Listener
+from .roles import NodeRole, build_cluster_spec
 
 __all__ = [
     "BACKLOG_BYTES",

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..wire import messages as m
+from ...wire import messages as m
 
 __all__ = ["FeedWatch", "tasks_to_launch"]
 

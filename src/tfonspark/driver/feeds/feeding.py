@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import ConfigError, FeedError, FeedTimeout
-from ..executor.feeder import Feeder, FeedTarget, rdd_feed
-from ..settings import check_timeout
-from ..wire import messages as m
-from ..wire.errors import captured, raise_or
-from ..wire.framing import connect
+from ...errors import ConfigError, FeedError, FeedTimeout
+from ...executor.feeder import Feeder, FeedTarget, rdd_feed
+from ...settings import check_timeout
+from ...wire import messages as m
+from ...wire.errors import captured, raise_or
+from ...wire.framing import connect
+from ..jobs import run_in_group
 from .feed_watch import FeedWatch
-from .jobs import run_in_group
 
 __all__ = ["FeedNodes", "Feeds", "check_num_epochs"]
 

@@ -7,7 +7,7 @@ barrier gang (the usual start path: :func:`tfonspark.driver.launch.start`), each
 :func:`tfonspark.tfprocess.server.serve` (a ``tf.distribute.Server`` for its task, no user code),
 and adds a ``chief`` task at the driver's address to every node's cluster spec. The port of that
 task is reserved here and handed to the coordinator's own server as it binds it
-(:func:`tfonspark.tfprocess.server.hand_over_port`), so no other process takes it meanwhile.
+(:func:`tfonspark.ports.hand_over_port`), so no other process takes it meanwhile.
 """
 
 from __future__ import annotations
@@ -18,30 +18,28 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ..config import InputMode
-from ..errors import ConfigError, NodeFailed, ReservationTimeout
-from ..host import reserve_port
-from ..settings import Settings
-from ..tfprocess.hints import add_ps_hint
-from ..tfprocess.server import (
-    PortHandover,
+from ...config import InputMode
+from ...errors import ConfigError, NodeFailed, ReservationTimeout
+from ...ports import PortHandover, hand_over_port, reserve_port
+from ...settings import Settings
+from ...tfprocess.hints import add_ps_hint
+from ...tfprocess.server import (
     ServeBesideEvaluator,
     coordinator_spec,
-    hand_over_port,
     serve,
     servers_accepting,
     wait_for_servers,
 )
-from .cluster import Cluster
-from .launch import ClusterOptions, SettingKeywords, driver_host, start
-from .node_events import ServerRestart
+from ..cluster import Cluster
+from ..launch import ClusterOptions, SettingKeywords, driver_host, start
+from ..nodes.node_events import ServerRestart
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from pyspark import SparkContext
 
-    from .launcher import Launcher
+    from ..nodes.launcher import Launcher
 
 __all__ = ["PSCluster", "chief_address", "ps_cluster", "servers_accepting"]
 
@@ -97,7 +95,7 @@ class PSCluster:
         >>> resolver = cluster.cluster_resolver()  # doctest: +SKIP
         >>> strategy = tf.distribute.ParameterServerStrategy(resolver)  # doctest: +SKIP
         """
-        from ..distribute import resolver  # the module: its class is built (TensorFlow imported) on access
+        from ...distribute import resolver  # the module: its class is built (TensorFlow imported) on access
 
         spec = coordinator_spec(self.cluster_spec)  # TF's coordinator would wait for an evaluator
         return resolver.SparkClusterResolver(spec, "chief", 0, rpc_layer=rpc_layer)

@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..errors import ConfigError, FeedError
-from ..settings import DEFAULT_STREAM_STOP_TIMEOUT
-from ..wire.errors import capture
+from ...errors import ConfigError, FeedError
+from ...settings import DEFAULT_STREAM_STOP_TIMEOUT
+from ...wire.errors import capture
 from .feeding import Feeds
 
 __all__ = ["StreamCluster", "Streams", "is_context", "is_dstream", "is_query", "is_streaming_df"]

@@ -12,7 +12,7 @@ before any registers:
    until that port accepts connections;
 3. start the ``DispatchServer`` on the reserved port with the nodes' addresses (the reservation
    is shared with gRPC's socket for the bind and closed right after, as in
-   :mod:`tfonspark.tfprocess.server`);
+   :mod:`tfonspark.ports`);
 4. each worker registers and reports it; :func:`data_service` returns once all have.
 
 ``shutdown()`` stops the nodes (SIGTERM, SIGKILL after the grace period) and then the
@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ..config import InputMode
-from ..errors import ClusterError, ConfigError, ReservationTimeout
-from ..host import reserve_port
-from ..settings import Settings
-from ..tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, serve_data, watched
-from ..tfprocess.server import PortHandover, wait_for_servers
-from .cluster import Cluster
-from .launch import ClusterOptions, SettingKeywords, driver_host, start
+from ...config import InputMode
+from ...errors import ClusterError, ConfigError, ReservationTimeout
+from ...ports import PortHandover, reserve_port
+from ...settings import Settings
+from ...tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, serve_data, watched
+from ...tfprocess.server import wait_for_servers
+from ..cluster import Cluster
+from ..launch import ClusterOptions, SettingKeywords, driver_host, start
 from .ps import chief_address
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from pyspark import SparkContext
 
-    from .launcher import Launcher
+    from ..nodes.launcher import Launcher
 
 __all__ = ["DataService", "data_service", "dispatcher_for", "reserve_dispatcher"]
 

@@ -1,6 +1,6 @@
 """Restarting a failed cluster (``max_restarts``): the attempt loop, each restart's record, the last error.
 
-:class:`Attempts` holds the running :class:`~tfonspark.driver.gang.Gang`; after a node failure it
+:class:`Attempts` holds the running :class:`~tfonspark.driver.nodes.gang.Gang`; after a node failure it
 forms the next one (a fresh rendezvous server and secret, executors reserved again, ``map_fun``
 started again with ``ctx.attempt`` one higher) while ``max_restarts`` lasts.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import ConfigError, NodeFailed
+from ...errors import ConfigError, NodeFailed
 from .gang import Gang
 
 __all__ = ["Attempts", "Restart", "cause_line", "check_max_restarts", "exhausted", "log_restart"]

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AuthenticationError, ClusterError, ConfigError, ProtocolError
-from ..wire import messages as m
-from ..wire.framing import connect
+from ...errors import AuthenticationError, ClusterError, ConfigError, ProtocolError
+from ...wire import messages as m
+from ...wire.framing import connect
 
 __all__ = ["StopFile", "read_stop_file", "request_stop", "write_stop_file"]
 

@@ -1,0 +1,1 @@
+"""Feeding Spark data to a running cluster: feed jobs, their pacing watch, streams, restartable epochs."""

@@ -1,0 +1,1 @@
+"""Clusters whose nodes only serve (parameter servers, the tf.data service) and the service beside a cluster."""
