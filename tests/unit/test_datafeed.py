@@ -175,7 +175,7 @@ class _Stream:
 def _queued_feed(batches: list, train: bool) -> tuple[DataFeed, _Stream]:
     """A feed of ``batches``, each queued as one received frame of one partition, then the end
     of the feed."""
-    from tfonspark.tfprocess.feedserver import END_FEED
+    from tfonspark.tfprocess.feedqueue import END_FEED
     from tfonspark.tfprocess.localfeed import LocalFeeds
 
     feeds, stream = LocalFeeds(["input", "output"]), _Stream(train)

@@ -8,7 +8,7 @@ import pytest
 
 from tfonspark.errors import FeedError
 from tfonspark.executor.feeder import Feeder, FeedTarget
-from tfonspark.tfprocess import feedserver
+from tfonspark.tfprocess import delivered as memory
 from tfonspark.tfprocess.datafeed import DataFeed
 from tfonspark.tfprocess.feedserver import FeedServer
 
@@ -32,7 +32,7 @@ def server_and_events():
 
 
 def test_only_recent_feeds_are_remembered_and_their_repeats_still_dropped(monkeypatch):
-    monkeypatch.setattr(feedserver, "_REMEMBERED_FEEDS", 4)
+    monkeypatch.setattr(memory, "_REMEMBERED_FEEDS", 4)
     server = FeedServer(SECRET, buffer_bytes=1 << 20, ahead=None)
     try:
         for batch in range(10):  # ten micro-batches of a stream, two partitions each
@@ -49,19 +49,19 @@ def test_only_recent_feeds_are_remembered_and_their_repeats_still_dropped(monkey
 def test_a_feed_replayed_after_the_remembered_ones_is_refused_not_delivered_again(server_and_events):
     """65 micro-batches of 10 rows, then the first one again: 650 rows reach map_fun, not 660."""
     server, events = server_and_events
-    for batch in range(feedserver._REMEMBERED_FEEDS + 1):
+    for batch in range(memory._REMEMBERED_FEEDS + 1):
         assert list(feeder(server, f"query:{batch}").train_rdd(0, iter(range(10)))) == [10]
     with pytest.raises(FeedError) as refused:
         list(feeder(server, "query:0").train_rdd(0, iter(range(10))))
     assert "query:0" in str(refused.value) and "refused" in str(refused.value)
     assert [kind for kind, _ in events] == ["feed_refused"]
     close_feed(server)
-    assert len(drain(DataFeed(server), 64)) == 10 * (feedserver._REMEMBERED_FEEDS + 1)
+    assert len(drain(DataFeed(server), 64)) == 10 * (memory._REMEMBERED_FEEDS + 1)
 
 
 def test_a_forgotten_feed_without_a_sequence_number_is_refused_too(server_and_events):
     server, _ = server_and_events
-    ids = [uuid.uuid4().hex for _ in range(feedserver._REMEMBERED_FEEDS + 1)]
+    ids = [uuid.uuid4().hex for _ in range(memory._REMEMBERED_FEEDS + 1)]
     for feed_id in ids:
         assert list(feeder(server, feed_id).train_rdd(3, iter([1.0]))) == [1]
     with pytest.raises(FeedError, match="refused"):
@@ -69,19 +69,19 @@ def test_a_forgotten_feed_without_a_sequence_number_is_refused_too(server_and_ev
     assert list(feeder(server, ids[-1]).train_rdd(3, iter([1.0]))) == [1]  # remembered: dropped, acknowledged
     assert list(feeder(server, uuid.uuid4().hex).train_rdd(3, iter([1.0]))) == [1]  # a new feed
     close_feed(server)
-    assert len(drain(DataFeed(server), 64)) == feedserver._REMEMBERED_FEEDS + 2
+    assert len(drain(DataFeed(server), 64)) == memory._REMEMBERED_FEEDS + 2
 
 
 def test_the_memory_of_long_streams_stays_bounded():
     """Two streams of 100,000 micro-batches of 4 partitions: the partitions of each one's last
     _REMEMBERED_FEEDS feeds are kept, and one number per stream; the newest are still decided."""
-    delivered = feedserver.Delivered()
+    delivered = memory.Delivered()
     for batch in range(100_000):
         for stream in ("query", "dstream"):
             for partition in range(4):
                 assert delivered.first(f"{stream}:{batch}", partition)
             assert not delivered.first(f"{stream}:{batch}", 2)  # a retry within the running feed
-    kept = feedserver._REMEMBERED_FEEDS
+    kept = memory._REMEMBERED_FEEDS
     assert {s: len(feeds) for s, feeds in delivered.recent.items()} == {"query": kept, "dstream": kept}
     assert delivered.forgotten_up_to == {"query": 100_000 - kept - 1, "dstream": 100_000 - kept - 1}
     assert not delivered.forgotten_ids
@@ -92,9 +92,9 @@ def test_the_memory_of_long_streams_stays_bounded():
 
 
 def test_another_streams_feeds_never_push_out_a_running_feed():
-    delivered = feedserver.Delivered()
+    delivered = memory.Delivered()
     assert delivered.first("driver:0", 0)  # a train() call, running
-    for batch in range(10 * feedserver._REMEMBERED_FEEDS):  # a stream's micro-batches meanwhile
+    for batch in range(10 * memory._REMEMBERED_FEEDS):  # a stream's micro-batches meanwhile
         assert delivered.first(f"query:{batch}", 0)
     assert delivered.first("driver:0", 1) and not delivered.first("driver:0", 0)
 
@@ -102,5 +102,5 @@ def test_another_streams_feeds_never_push_out_a_running_feed():
 def test_the_driver_numbers_its_feeds():
     target = FeedTarget("worker:0", "key", "127.0.0.1", 1)
     first, second = feeder_ids = [Feeder([target], SECRET.hex(), "input", 1.0).feed_id for _ in range(2)]
-    stream, number = feedserver._sequence(first)
-    assert feedserver._sequence(second) == (stream, number + 1), feeder_ids
+    stream, number = memory._sequence(first)
+    assert memory._sequence(second) == (stream, number + 1), feeder_ids

@@ -539,15 +539,15 @@ def test_a_waiting_feeder_is_told_terminate_even_if_its_stream_closes_first(make
     """terminate() looks up the open streams, aborts the queues, then tells those streams; a
     stream whose wait the abort ended may close its connection in between (a busy host): its
     own thread tells the feeder first, so the feeder stops cleanly instead of failing."""
-    from tfonspark.tfprocess import feedserver
+    from tfonspark.tfprocess import feedqueue
 
-    abort = feedserver.ByteQueue.abort
+    abort = feedqueue.ByteQueue.abort
 
     def abort_then_stall(self) -> None:
         abort(self)
         time.sleep(0.5)  # the waiting stream's thread returns and closes meanwhile
 
-    monkeypatch.setattr(feedserver.ByteQueue, "abort", abort_then_stall)
+    monkeypatch.setattr(feedqueue.ByteQueue, "abort", abort_then_stall)
     server = make_server()
     train(feeder_for(server), 0, [1])
     waiting = Bg(train, feeder_for(server), 1, [2, 3])

@@ -41,7 +41,7 @@ _TARGET_BYTES = 4 * 1024 * 1024
 #: (784-float rows in 83-row frames: 8-15 us/row there, in 333-row frames 4-6)
 _CHUNK_VALUES = 32768
 #: feed ids made here are ``<this driver>:<n>``, n counting up: a node keeps one number per
-#: such stream of feeds, not every id (tfprocess/feedserver.py ``Delivered``)
+#: such stream of feeds, not every id (tfprocess/delivered.py ``Delivered``)
 _DRIVER_FEEDS = uuid.uuid4().hex[:16]
 _FEED_NUMBERS = itertools.count()
 

@@ -24,7 +24,8 @@ from ..wire.buffers import RecvBuffers
 from ..wire.codec import ColumnBatch
 from ..wire.events import EpochRead
 from ..wire.packing import pack_rows
-from .feedserver import END_FEED, EpochMark, FeedServer, Stream
+from .feedqueue import END_FEED, EpochMark
+from .feedserver import FeedServer, Stream
 from .localfeed import LocalFeeds
 
 __all__ = ["DataFeed", "feed_dataset"]

@@ -1,9 +1,12 @@
 """The TF process's data server: feed tasks connect here and stream columnar batches in.
 
-Each connection carries one partition (``FeedStart`` .. batches .. ``FeedEnd``). Batches go into
-a per-queue buffer bounded in bytes: when it is full the receiving thread stops reading, TCP
-flow control stalls the sender, and memory stays bounded whatever the partition size. For
-inference the connection stays open and results flow back on it, in order.
+Each connection carries one partition (``FeedStart`` .. batches .. ``FeedEnd``), a
+:class:`Stream`. Batches go into a per-queue buffer bounded in bytes (:mod:`.feedqueue`): when
+it is full the receiving thread stops reading, TCP flow control stalls the sender, and memory
+stays bounded whatever the partition size. A training partition is delivered once
+(:mod:`.delivered` remembers which were) and its Ack is paced to map_fun's reading, here. For
+inference the connection stays open and results flow back on it, in order. Every wait runs
+inside :class:`~.feedwaits.Waits`, which tells the driver of long ones.
 """
 
 from __future__ import annotations
@@ -11,14 +14,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from ..errors import FeedError, ProtocolError
 from ..settings import (
@@ -30,31 +29,17 @@ from ..settings import (
 )
 from ..wire import events as ev
 from ..wire import messages as m
-from ..wire.buffers import RecvBuffers, new_buffer
+from ..wire.buffers import RecvBuffers
 from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, encode_batch
 from ..wire.framing import Connection, listen_unix, remove_unix_socket
 from ..wire.listener import Listener
+from .delivered import Delivered
+from .feedqueue import END_FEED, ByteQueue, ConsumerStalled, EpochMark, Staging
 from .feedwaits import Waits
 
-__all__ = ["END_FEED", "PARTITIONS_AHEAD", "ByteQueue", "EpochMark", "FeedServer", "Stream"]
+__all__ = ["PARTITIONS_AHEAD", "FeedServer", "Stream"]
 
 log = logging.getLogger(__name__)
-END_FEED = object()
-
-
-@dataclass(frozen=True)
-class EpochMark:
-    """Queued after the last row of an epoch of a restartable train feed (``max_restarts``)."""
-
-    feed_id: str
-    epoch: int
-
-
-#: of how many recent feeds of one stream (or of train() calls) the delivered partitions are
-#: remembered, to drop repeated attempts: Spark retries a partition while its job runs, and a
-#: micro-batch's job ends before the next one's starts. An attempt of an older feed is refused
-#: (see ``Delivered``), never delivered again.
-_REMEMBERED_FEEDS = 64
 #: of how many recent feeds the driver's releases of held Acks are remembered (``FeedRelease``)
 _REMEMBERED_RELEASES = 64
 #: a training partition's Ack waits until map_fun has read every partition committed before
@@ -135,299 +120,6 @@ class Stream:
             pass
         finally:
             self.conn.close()  # the partition is complete; nothing more travels on it
-
-
-class ConsumerStalled(TimeoutError):
-    """``map_fun`` took no data for the feed's timeout while a feeder waited to deliver."""
-
-
-class ByteQueue:
-    """A FIFO bounded by the bytes it holds, staged or queued (always admits one item).
-
-    ``nbytes`` counts queued (committed, not yet read) bytes; ``reserved`` the bytes of training
-    partitions still arriving, held in memory until their end marker (see :class:`_Staging`);
-    ``partitions`` the committed training partitions whose end map_fun has not read yet.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.nbytes = 0
-        self.reserved = 0
-        self.reads = 0  # map_fun's reads that took rows (note_read): its progress, for pacing
-        self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
-        self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
-        self._cond = threading.Condition()
-        self.aborted = False
-
-    @property
-    def partitions(self) -> int:
-        """Committed training partitions whose end marker map_fun has not read yet."""
-        return len(self._ends)
-
-    @property
-    def empty(self) -> bool:
-        """Nothing is queued for map_fun to read."""
-        return not self._items
-
-    def note_read(self) -> None:
-        """map_fun read rows: progress, which keeps paced feeders waiting (``FeedServer._pace``)."""
-        self.reads += 1
-
-    def wake(self) -> None:
-        """Wake every waiter to look at its condition again (a release of held Acks)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def _used(self) -> int:
-        return self.nbytes + self.reserved
-
-    def _wait(self, full: Callable[[], bool], deadline: float | None) -> None:
-        while full() and not self.aborted:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise ConsumerStalled("map_fun read no data while the feed waited")
-            self._cond.wait(left)
-
-    def put(self, stream: Any, item: Any, nbytes: int = 0, timeout: float | None = None) -> bool:
-        """Block while full (up to ``timeout``); False if the queue was aborted (item dropped)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._wait(
-                lambda: nbytes > 0 and self.nbytes > 0 and self.nbytes + self.reserved + nbytes > self.capacity,
-                deadline,
-            )
-            if self.aborted:
-                return False
-            self._items.append((stream, item, nbytes))
-            self.nbytes += nbytes
-            self._cond.notify_all()
-            return True
-
-    def reserve(self, nbytes: int, timeout: float) -> bool | None:
-        """Room to stage ``nbytes`` in memory: True, False (spill: waiting frees nothing), None (aborted).
-
-        Waits (up to ``timeout``, then ConsumerStalled) only while map_fun has queued data to
-        read, so the wait ends when it reads; staged bytes alone cannot shrink by waiting.
-        """
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._wait(lambda: self.nbytes > 0 and self._used() + nbytes > self.capacity, deadline)
-            if self.aborted:
-                return None
-            if self._used() + nbytes <= self.capacity or self._used() == 0:
-                self.reserved += nbytes
-                return True
-            return False
-
-    def release(self, nbytes: int) -> None:
-        """Give back staged bytes of a partition attempt that will never be committed."""
-        if nbytes:
-            with self._cond:
-                self.reserved -= nbytes
-                self._cond.notify_all()
-
-    def commit(self, stream: Any, items: list[tuple[Any, int]], staged: int) -> bool:
-        """Queue a whole partition at once (its ``staged`` bytes were reserved); never blocks."""
-        with self._cond:
-            self.reserved -= staged
-            if self.aborted:
-                self._cond.notify_all()
-                return False
-            for batch, nbytes in items:
-                self._items.append((stream, batch, nbytes))
-                self.nbytes += nbytes
-            end = (stream, None, 0)  # partition boundary marker
-            self._items.append(end)
-            self._ends.append(end)
-            self._cond.notify_all()
-            return True
-
-    def wait_behind(self, ahead: int, timeout: float, released: Callable[[], bool] = lambda: False) -> bool:
-        """Wait (at most ``timeout``) until at most ``ahead`` committed partitions are unread, the
-        queue was aborted or ``released()`` (looked at on :meth:`wake`); False if none is so.
-
-        Never raises: it paces feeders to map_fun's reading, it does not detect stalls.
-        """
-        with self._cond:
-            return self._cond.wait_for(lambda: self.partitions <= ahead or self.aborted or released(), timeout)
-
-    def get(self, timeout: float | None = None) -> tuple[Any, Any]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._items or self.aborted, timeout):
-                raise TimeoutError("no data arrived")
-            if not self._items:
-                return None, END_FEED
-            entry = self._items.popleft()
-            stream, item, nbytes = entry
-            self.nbytes -= nbytes
-            if self._ends and self._ends[0] is entry:
-                self._ends.popleft()
-            self._cond.notify_all()
-        if isinstance(item, SpilledBatch):
-            item = item.load()
-        return stream, item
-
-    def abort(self) -> None:
-        """Drop everything queued and release blocked producers (``terminate``)."""
-        with self._cond:
-            self.aborted = True
-            self._items.clear()
-            self._ends.clear()
-            self.nbytes = 0
-            self._cond.notify_all()
-
-
-class _SpillFile:
-    """An unlinked temporary file holding spilled batch frames; closed after its last read."""
-
-    def __init__(self, buffers: RecvBuffers | None = None) -> None:
-        self.file = tempfile.TemporaryFile(prefix="tfos-spill-")  # noqa: SIM115 (closed below)
-        self.buffers = buffers  # read back into reused memory, as received frames are
-        self.size = 0
-        self.unread = 0
-        self._lock = threading.Lock()
-
-    def append(self, payload: memoryview) -> SpilledBatch:
-        self.file.write(payload)
-        self.unread += 1
-        batch = SpilledBatch(self, self.size, len(payload))
-        self.size += len(payload)
-        return batch
-
-    def read(self, offset: int, length: int) -> memoryview:
-        buf = self.buffers.take(length) if self.buffers is not None else memoryview(new_buffer(length))
-        with self._lock:
-            got = os.preadv(self.file.fileno(), [buf], offset)
-            self.unread -= 1
-            if self.unread == 0:
-                self.file.close()
-        if got != length:
-            raise ProtocolError(f"spilled batch: read {got} of {length} bytes")
-        return buf
-
-    def close(self) -> None:
-        self.file.close()
-
-
-class SpilledBatch:
-    """A staged batch that went to disk; read back (and decoded) when map_fun takes it."""
-
-    def __init__(self, spill: _SpillFile, offset: int, length: int) -> None:
-        self.spill, self.offset, self.length = spill, offset, length
-
-    def load(self) -> ColumnBatch:
-        return decode_batch(self.spill.read(self.offset, self.length))
-
-
-class _Staging:
-    """A training partition held back until its end marker, so a failed attempt is never read.
-
-    Batches stay in memory while the queue has room; a partition that alone outgrows the buffer
-    continues into an unlinked temporary file (gone with the process, whatever happens), read
-    back one batch at a time as map_fun takes them, so memory stays bounded.
-    """
-
-    def __init__(self, queue: ByteQueue, buffers: RecvBuffers | None = None) -> None:
-        self.queue = queue
-        self.buffers = buffers
-        self.staged = 0  # bytes reserved in the queue
-        self.parts: list[tuple[ColumnBatch | SpilledBatch, int]] = []
-        self._spill: _SpillFile | None = None
-
-    def add(self, payload: memoryview, timeout: float) -> bool:
-        """Stage one batch frame; False if the queue was aborted (``terminate``)."""
-        nbytes = len(payload)
-        if self._spill is None:  # once spilling, keep order: everything after goes to the file too
-            room = self.queue.reserve(nbytes, timeout)
-            if room is None:
-                return False
-            if room:
-                self.staged += nbytes
-                self.parts.append((decode_batch(payload), nbytes))
-                return True
-            self._spill = _SpillFile(self.buffers)
-        self.parts.append((self._spill.append(payload), nbytes))
-        return True
-
-    def batches(self) -> list[tuple[ColumnBatch | SpilledBatch, int]]:
-        """The staged batches in order, handed over to the queue."""
-        if self._spill is not None:
-            self._spill.file.flush()
-            self._spill = None  # the queue's SpilledBatch items own it now
-        parts, self.parts = self.parts, []
-        return parts
-
-    def discard(self) -> None:
-        """Drop the attempt: give its memory back, close (and so delete) its file."""
-        self.queue.release(self.staged)
-        self.staged = 0
-        self.parts = []
-        if self._spill is not None:
-            self._spill.close()
-            self._spill = None
-
-
-class Delivered:
-    """Which partitions of which feeds were delivered, in memory bounded by the streams' count.
-
-    A feed id ``<stream>:<number>`` is a micro-batch of a stream (the driver's ``<query id>:<batch
-    id>``, ``<stream>:<batch time ms>``, ``<driver>:<n>`` of ``train()`` calls; numbers grow);
-    other ids (an older feeder's) form one stream of their own. Of each stream, the partitions of
-    its last ``_REMEMBERED_FEEDS`` feeds are remembered; of its older ones only the highest number
-    (other ids: each id). A stream's feeds run one after another, so only its own newer feeds push
-    a feed out, never another stream's nor one that is still running.
-
-    An attempt of a forgotten feed (its number at or below what the stream forgot) is refused with
-    ``FeedError``: whether its partition was delivered is no longer known, and delivering it
-    twice is the one thing that must not happen. A long stream costs one number, whatever its
-    length.
-    """
-
-    def __init__(self, remembered: int | None = None) -> None:
-        self.remembered = _REMEMBERED_FEEDS if remembered is None else remembered
-        self.recent: dict[str | None, collections.OrderedDict[str, set[int]]] = {}  # stream -> feed -> partitions
-        self.forgotten_up_to: dict[str, int] = {}  # stream -> the highest number it forgot
-        self.forgotten_ids: set[str] = set()  # forgotten feeds whose id has no number
-
-    def first(self, feed_id: str, partition: int) -> bool:
-        """Record ``partition`` of ``feed_id`` delivered: True if it was not before, False if it
-        was (a repeated attempt), ``FeedError`` if the feed is older than what is remembered."""
-        stream, number = _sequence(feed_id)
-        family = stream if number is not None else None
-        recent = self.recent.get(family) or collections.OrderedDict()
-        seen = recent.get(feed_id)
-        if seen is None:
-            if (feed_id in self.forgotten_ids) if number is None else number <= self.forgotten_up_to.get(stream, -1):
-                raise FeedError(
-                    f"partition {partition} of feed {feed_id!r} was refused: this node remembers which partitions "
-                    f"were delivered for the last {self.remembered} feeds of a stream only, and that feed is older, "
-                    "so its rows might be delivered twice (a micro-batch replayed long after it ran, or a task "
-                    "attempt that outlived its feed job)"
-                )
-            recent = self.recent.setdefault(family, collections.OrderedDict())
-            seen = recent[feed_id] = set()
-            while len(recent) > self.remembered:
-                self._forget(recent.popitem(last=False)[0])
-        recent.move_to_end(feed_id)
-        if partition in seen:
-            return False
-        seen.add(partition)
-        return True
-
-    def _forget(self, feed_id: str) -> None:
-        stream, number = _sequence(feed_id)
-        if number is None:
-            self.forgotten_ids.add(feed_id)
-        else:
-            self.forgotten_up_to[stream] = max(number, self.forgotten_up_to.get(stream, -1))
-
-
-def _sequence(feed_id: str) -> tuple[str, int | None]:
-    """``("<stream>", number)`` for a feed id ``<stream>:<number>``, else ``(feed_id, None)``."""
-    stream, colon, number = feed_id.rpartition(":")
-    if colon and 0 < len(number) <= 20 and number.isascii() and number.isdigit():
-        return stream, int(number)
-    return feed_id, None
 
 
 class FeedServer:
@@ -551,7 +243,7 @@ class FeedServer:
                 return None
 
     def _receive_train(self, stream: Stream, queue: ByteQueue) -> bool:
-        staging = _Staging(queue, self._buffers)
+        staging = Staging(queue, self._buffers)
         limit = feed_hold_limit(stream.timeout)  # derived from feed_timeout (settings)
 
         def take(payload: memoryview) -> bool:
@@ -568,8 +260,7 @@ class FeedServer:
             except FeedError as refused:  # rows lost on the way, or a feed too old to know
                 self._refuse(stream, refused)
                 return False
-            if first and queue.commit(stream, staging.batches(), staging.staged):
-                staging.staged = 0
+            if first and staging.commit(stream):
                 stream.committed = True
                 if self.ahead is not None:
                     self._pace(stream, queue, self.ahead)

@@ -26,7 +26,7 @@ from typing import Any
 from ..settings import DEFAULT_FEED_BUFFER_BYTES
 from ..wire.codec import ColumnBatch
 from ..wire.packing import pack_rows
-from .feedserver import END_FEED, ByteQueue, ConsumerStalled
+from .feedqueue import END_FEED, ByteQueue, ConsumerStalled
 
 __all__ = ["LocalFeeds", "LocalQueue"]
 
