@@ -12,7 +12,6 @@ whole from one read and every row goes to exactly one reader.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -23,54 +22,19 @@ from ..errors import FeedError, InputError
 from ..wire.buffers import RecvBuffers
 from ..wire.codec import ColumnBatch
 from ..wire.events import EpochRead
-from ..wire.packing import pack_rows
+from .batchjoin import concat
 from .feedqueue import END_FEED, EpochMark
+from .feedresults import HeldResults, results_batch
 from .feedserver import FeedServer, Stream
 from .localfeed import LocalFeeds
 
 __all__ = ["DataFeed", "feed_dataset"]
 
 _DRAIN_BATCH = 16_384  # rows per read while draining
-#: most result rows held back to travel as one frame (see ``DataFeed.batch_results``)
-_MAX_HELD_RESULTS = 65_536
-_MAX_HELD_BYTES = 4 << 20  # as big as a feeder's frames
 #: memory for batches joined from two received frames, reused once the reader drops them: a
 #: fresh multi-MB array is page-faulted in at every read, a fifth of a TF process's CPU per
 #: fed MNIST row when most batches cross a frame boundary
 _JOIN_POOL_BYTES = 64 << 20
-
-
-def _concat(parts: list[ColumnBatch], pool: RecvBuffers | None = None) -> ColumnBatch:
-    """``parts`` as one batch; large numpy columns go into ``pool``'s reused memory."""
-    if len(parts) == 1:
-        return parts[0]
-    first = parts[0]
-    columns: list[Any] = []
-    for j, col in enumerate(first.columns):
-        pieces = [p.columns[j] for p in parts]
-        if isinstance(col, np.ndarray) and all(isinstance(p, np.ndarray) for p in pieces):
-            try:
-                columns.append(_joined(pieces, pool))
-                continue
-            except ValueError:
-                raise InputError(
-                    f"batches disagree on the shape of column {j}: {[p.shape[1:] for p in pieces]}", column=j
-                ) from None
-        columns.append([v for p in pieces for v in p])
-    return ColumnBatch(columns, first.layout, first.names, first.kinds)
-
-
-def _joined(pieces: list[np.ndarray], pool: RecvBuffers | None) -> np.ndarray:
-    """``np.concatenate(pieces)``, written into a buffer of ``pool`` when it is large enough."""
-    rest = pieces[0].shape[1:]
-    dtype = np.result_type(*pieces)
-    count = sum(len(p) for p in pieces)
-    nbytes = count * dtype.itemsize * math.prod(rest)
-    if pool is None or dtype.hasobject or nbytes < pool.MIN_SIZE or any(p.shape[1:] != rest for p in pieces):
-        return np.concatenate(pieces)  # a shape mismatch raises ValueError here, as before
-    out = np.frombuffer(pool.take(nbytes), dtype=dtype).reshape(count, *rest)
-    np.concatenate(pieces, out=out)
-    return out
 
 
 def _feed_source(mgr: Any) -> FeedServer | LocalFeeds:
@@ -145,8 +109,8 @@ class DataFeed:
         self._last: tuple[Stream | None, int] = (None, 0)
         self._mid_frame = False  # the last read left rows of its received frame for the next
         self._lock = threading.Lock()  # held by every read (see the class docstring)
-        self._joins = RecvBuffers(_JOIN_POOL_BYTES)  # batches joined from two frames (``_concat``)
-        self._held = _HeldResults()
+        self._joins = RecvBuffers(_JOIN_POOL_BYTES)  # batches joined from two frames (``concat``)
+        self._held = HeldResults()
 
     # ---- reading -------------------------------------------------------------------------
     def _fill(self, stop_at_boundary: bool = False) -> bool:
@@ -253,7 +217,7 @@ class DataFeed:
         self._mid_frame = self._pending is not None and self._pending[0] is stream
         if total:
             self.queue.note_read()  # progress, which keeps paced feeders waiting (FeedServer._pace)
-        return _concat(parts, self._joins) if parts else None
+        return concat(parts, self._joins) if parts else None
 
     def next_batch(self, batch_size: int) -> Any:
         """TFoS ``next_batch``: a list of up to ``batch_size`` rows, or a dict with ``input_mapping``.
@@ -413,7 +377,7 @@ class DataFeed:
             )
         if stream is None or n == 0:
             return
-        batch = _results_batch(results)
+        batch = results_batch(results)
         if isinstance(stream, Stream):  # a feeder over a socket: one frame per received frame
             self._held.add(stream, batch, flush=not self._mid_frame)
         else:
@@ -510,87 +474,6 @@ class DataFeed:
         if batch.names is not None and batch.layout == "dict":
             return dict(zip(batch.names, batch.columns))
         return tuple(batch.columns)
-
-
-def _results_batch(results: Any) -> ColumnBatch:
-    """``batch_results``' argument as one column; a list of Python floats without numpy's type probe."""
-    if isinstance(results, np.ndarray):
-        return ColumnBatch([results], "scalar")
-    if type(results) is list and set(map(type, results)) == {float}:  # TFoS's ``preds.tolist()``
-        return ColumnBatch([np.fromiter(results, np.float64, len(results))], "scalar", None, "--")
-    return pack_rows(list(results))
-
-
-def _same_columns(a: ColumnBatch, b: ColumnBatch) -> bool:
-    """``a`` and ``b`` join into one batch without changing a value's type or shape."""
-    if (a.layout, a.names, a.kinds, len(a.columns)) != (b.layout, b.names, b.kinds, len(b.columns)):
-        return False
-    for x, y in zip(a.columns, b.columns):
-        if isinstance(x, np.ndarray) != isinstance(y, np.ndarray):
-            return False
-        if isinstance(x, np.ndarray) and (x.dtype != y.dtype or x.shape[1:] != y.shape[1:]):
-            return False
-    return True
-
-
-class _HeldResults:
-    """Results of the reads of one received frame, sent back as one frame.
-
-    A feeder sends a partition in frames of thousands of rows; ``map_fun`` reads them
-    ``batch_size`` rows at a time. Answering each read with its own frame costs a frame's
-    fixed price (header, syscall, and on the executor an Arrow batch) per read; holding the
-    answers until the frame's last row is answered costs one. Results are held only while the
-    reader has more of the same frame in hand (it does not wait for data in between), and go
-    out in order, at once, when a read ends a frame, the types change, or the feed is terminated.
-    Only numeric columns (copied) are held, up to 4 MB: other results are pickled at once, as
-    they were, and so are results of 4 MB or more.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # terminate() flushes from another thread
-        self._stream: Stream | None = None
-        self._batches: list[ColumnBatch] = []
-        self._rows = 0
-        self._nbytes = 0
-
-    def add(self, stream: Stream, batch: ColumnBatch, flush: bool) -> None:
-        """Hold ``batch`` for ``stream``; send what is held if ``flush`` (or it cannot join)."""
-        numeric = all(isinstance(c, np.ndarray) and c.dtype.kind in "biufc" for c in batch.columns)
-        with self._lock:
-            if self._batches and (stream is not self._stream or not _same_columns(self._batches[0], batch)):
-                earlier = self._take()
-            else:
-                earlier = None
-            if not numeric or batch.nbytes >= _MAX_HELD_BYTES:
-                # objects the caller may still change (pickled now, as before), or a frame's worth
-                later, alone = self._take(), batch
-            else:
-                if not flush:  # the caller may reuse its array for the next batch
-                    batch = ColumnBatch([np.array(c) for c in batch.columns], batch.layout, batch.names, batch.kinds)
-                self._stream = stream
-                self._batches.append(batch)
-                self._rows += batch.count
-                self._nbytes += batch.nbytes
-                full = self._rows >= _MAX_HELD_RESULTS or self._nbytes >= _MAX_HELD_BYTES
-                later, alone = (self._take() if flush or full else None), None
-        for held in (earlier, later):  # sent outside the lock: a send may wait up to feed_timeout
-            if held is not None:
-                held[0].answer(held[1])
-        if alone is not None:
-            stream.answer(alone)
-
-    def flush(self) -> None:
-        """Send whatever is held."""
-        with self._lock:
-            held = self._take()
-        if held is not None:
-            held[0].answer(held[1])
-
-    def _take(self) -> tuple[Stream, ColumnBatch] | None:
-        """What is held, joined, and the stream it answers; nothing is held afterwards."""
-        held = (self._stream, _concat(self._batches)) if self._batches and self._stream is not None else None
-        self._stream, self._batches, self._rows, self._nbytes = None, [], 0, 0
-        return held
 
 
 def _normalise_mapping(mapping: Mapping[str, str] | list[str] | None) -> dict[str, str] | None:
