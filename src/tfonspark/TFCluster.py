@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import _tfos_keras
 from .config import InputMode
-from .driver import launch
 from .driver.cluster import Cluster
+from .driver.options import ClusterOptions, SettingKeywords
+from .driver.plan import prepare
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def run(
     on_report: Callable[[Report], Any] | None = None,
     launcher: Launcher | None = None,
     max_restarts: int = 0,
-    **by_name: Unpack[launch.SettingKeywords],
+    **by_name: Unpack[SettingKeywords],
 ) -> Cluster:
     """TFoS ``TFCluster.run``: :func:`tfonspark.run` with TFoS's positional arguments, and the TFoS
     face's Keras 2 for the nodes (and the driver).
@@ -91,7 +92,7 @@ master_node, reservation_timeout, eval_node, release_port : as in TFoS
             "(train(..., qname=...) feeds any queue name)",
             stacklevel=2,
         )
-    options = launch.ClusterOptions(
+    options = ClusterOptions(
         num_ps, tensorboard, input_mode, log_dir, driver_ps_nodes, master_node, reservation_timeout, eval_node,
         release_port, max_restarts,
     )  # fmt: skip
@@ -99,9 +100,10 @@ master_node, reservation_timeout, eval_node, release_port : as in TFoS
     _tfos_keras.face_used(sc, chosen.legacy_keras)
     if callable(map_fun):  # else run() says what is wrong with it
         map_fun = _tfos_keras.FaceMapFun(map_fun)
-    return launch.start(
+    plan = prepare(
         sc, map_fun, tf_args, num_executors, options, chosen, on_report=on_report, launcher=launcher, tfos_face=True
     )
+    return plan.start(Cluster)
 
 
 _tfos_keras.face_imported()

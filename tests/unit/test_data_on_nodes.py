@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfonspark.driver.launch import ClusterOptions, split_options
+from tfonspark.driver.options import ClusterOptions, split_options
+from tfonspark.driver.programs import for_run
 from tfonspark.driver.services import beside
 from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
 from tfonspark.settings import Settings
@@ -18,16 +19,19 @@ def main_fun(args, ctx):
     return ("ran", ctx.executor_id)
 
 
+def node_program(map_fun, options, nodes):
+    """What every node of ``run(map_fun, ..., nodes, **options)`` runs: its row of the program table."""
+    return for_run(options).make(map_fun, options, nodes)
+
+
 def test_run_takes_data_service_on_as_a_keyword():
     options, _ = split_options({"data_service": 2, "data_service_on": "nodes"})
     assert options.data_service_on == "nodes" and ClusterOptions().data_service_on == "executors"
 
 
 def test_executors_keep_map_fun_and_nodes_wrap_it():
-    assert beside.node_program(main_fun, ClusterOptions(data_service=2), 2) is main_fun
-    program = beside.node_program(
-        main_fun, ClusterOptions(data_service=2, data_service_on="nodes", reservation_timeout=30), 3
-    )
+    assert node_program(main_fun, ClusterOptions(data_service=2), 2) is main_fun
+    program = node_program(main_fun, ClusterOptions(data_service=2, data_service_on="nodes", reservation_timeout=30), 3)
     assert program == OnNodes(main_fun, 2, 30.0)
 
 
@@ -44,7 +48,7 @@ def test_executors_keep_map_fun_and_nodes_wrap_it():
 )
 def test_options_the_nodes_cannot_serve_are_refused(options, nodes, says):
     with pytest.raises(ConfigError, match="data_service_on") as info:
-        beside.node_program(main_fun, options, nodes)
+        node_program(main_fun, options, nodes)
     assert says in str(info.value), str(info.value)
 
 
@@ -121,7 +125,9 @@ def _start(cluster, count=2, timeout=5.0):
         return cluster
 
     options = ClusterOptions(data_service=count, data_service_on="nodes", reservation_timeout=timeout)
-    return beside.start_beside(None, options, Settings(), None, begin, 2), targets
+    plan = SimpleNamespace(sc=None, options=options, settings=Settings(), launcher=None, num_executors=2)
+    plan.start = lambda handle, target, on_end: begin(target, on_end)  # Plan.start, its handle a Cluster
+    return beside.start_beside(plan), targets
 
 
 def test_the_dispatcher_starts_with_the_addresses_the_nodes_reported(dispatch):

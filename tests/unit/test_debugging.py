@@ -11,7 +11,7 @@ import pytest
 
 from tfonspark import Debug
 from tfonspark.config import NodeConfig
-from tfonspark.driver.launch import split_options
+from tfonspark.driver.options import split_options
 from tfonspark.errors import ConfigError
 from tfonspark.tfprocess.debugging import NumericsError, debugged, numerics_error
 

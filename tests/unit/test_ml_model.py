@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import types
 
 import pytest
 from pyspark.sql import types as T
@@ -56,15 +57,15 @@ def _train(args, ctx):
 
 @pytest.fixture
 def fake_run(monkeypatch):
-    """Replace the ``start`` TFEstimator starts clusters with; lists (args, kwargs, cluster) per call."""
+    """Replace the ``prepare`` TFEstimator starts clusters with; lists (args, kwargs, cluster) per call."""
     started: list[tuple] = []
 
     def run(*args, **kwargs):
         cluster = FakeCluster(getattr(run, "fail_with", None))
         started.append((args, kwargs, cluster))
-        return cluster
+        return types.SimpleNamespace(start=lambda handle: cluster)  # the plan, started: the cluster
 
-    monkeypatch.setattr(estimator_module, "start", run)
+    monkeypatch.setattr(estimator_module, "prepare", run)
     run.started = started  # type: ignore[attr-defined]
     return run
 

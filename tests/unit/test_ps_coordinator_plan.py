@@ -14,8 +14,8 @@ from pyspark import cloudpickle
 
 import tfonspark
 from tfonspark.config import InputMode
-from tfonspark.driver import launch
 from tfonspark.driver.nodes.roles import plan_roles
+from tfonspark.driver.options import ClusterOptions, split_options
 from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess import server
@@ -87,9 +87,9 @@ def test_run_refuses_coordinator_in_spark_input_mode():
 
 
 def test_coordinator_is_an_option_of_run_not_a_setting():
-    options, by_name = launch.split_options({"num_ps": 1, "coordinator": True, "heartbeat_timeout": 30})
+    options, by_name = split_options({"num_ps": 1, "coordinator": True, "heartbeat_timeout": 30})
     assert (options.coordinator, options.num_ps, by_name) == (True, 1, {"heartbeat_timeout": 30})
-    assert launch.ClusterOptions().coordinator is False
+    assert ClusterOptions().coordinator is False
 
 
 def test_the_chief_runs_map_fun_once_every_server_listens():

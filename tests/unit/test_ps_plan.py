@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import tfonspark
-from tfonspark.driver.launch import ClusterOptions, start
+from tfonspark.driver.cluster import Cluster
 from tfonspark.driver.nodes.roles import build_cluster_spec, plan_roles
+from tfonspark.driver.options import ClusterOptions
+from tfonspark.driver.plan import prepare
 from tfonspark.driver.services.ps import chief_address, servers_accepting
 from tfonspark.errors import ConfigError
 from tfonspark.settings import Settings
@@ -70,7 +72,7 @@ def test_servers_accepting_tells_a_listening_port_from_a_reserved_one():
 
 def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path):
     chief = "127.0.0.1:4321"
-    cluster = start(
+    cluster = prepare(
         FakeSparkContext(),
         record_spec,
         {"dir": str(tmp_path)},
@@ -79,7 +81,7 @@ def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path
         Settings(),
         launcher=LocalLauncher(),
         driver_tasks={"chief": [chief]},
-    )
+    ).start(Cluster)
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("*.json"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)  # the nodes write their file as map_fun starts; stop() does not wait for it

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfonspark.config import NodeConfig
-from tfonspark.driver.launch import ClusterOptions, split_options
+from tfonspark.driver.options import ClusterOptions, split_options
 from tfonspark.driver.services import beside
 from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.settings import Settings
@@ -29,9 +29,20 @@ class FakeCluster:
         self.closers = []
 
     def begin(self, target, on_end):
-        """``launch.prepare``'s ``begin``: the cluster keeps ``on_end`` for when its nodes stop."""
+        """What ``Plan.start`` does here: the cluster keeps ``on_end`` for when its nodes stop."""
         self.closers.append(on_end)
         return self
+
+
+class FakePlan:
+    """What ``start_beside`` reads of a ``Plan``; ``start(handle, target, on_end)`` calls ``begin``."""
+
+    def __init__(self, options, begin, num_executors=1, sc=None):
+        self.sc, self.options, self.settings, self.launcher = sc, options, Settings(), None
+        self.num_executors, self._begin = num_executors, begin
+
+    def start(self, handle, data_target=None, on_end=None):
+        return self._begin(data_target, on_end)
 
 
 @pytest.fixture
@@ -53,12 +64,10 @@ def test_the_service_starts_first_and_ends_with_the_cluster(svc):
     cluster = FakeCluster()
     targets = []
     got = beside.start_beside(
-        None,
-        ClusterOptions(data_service=2, reservation_timeout=30),
-        Settings(),
-        None,
-        lambda t, on_end: targets.append(t) or cluster.begin(t, on_end),
-        1,
+        FakePlan(
+            ClusterOptions(data_service=2, reservation_timeout=30),
+            lambda t, on_end: targets.append(t) or cluster.begin(t, on_end),
+        )
     )
     assert got is cluster and targets == [svc.target] and svc.calls == [(2, 30.0)]
     assert svc.stopped == 0
@@ -72,7 +81,7 @@ def test_a_cluster_that_cannot_start_stops_the_service(svc):
         raise ConfigError("no")
 
     with pytest.raises(ConfigError, match="no"):
-        beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, fail, 1)
+        beside.start_beside(FakePlan(ClusterOptions(data_service=1), fail))
     assert svc.stopped == 1
 
 
@@ -82,7 +91,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 
     svc.shutdown = broken
     cluster = FakeCluster()
-    beside.start_beside(None, ClusterOptions(data_service=1), Settings(), None, cluster.begin, 1)
+    beside.start_beside(FakePlan(ClusterOptions(data_service=1), cluster.begin))
     cluster.closers[0]()
     assert "worker 0 died" in caplog.text
 
@@ -90,7 +99,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_data_service_must_be_a_count(svc, bad):
     with pytest.raises(ConfigError, match="data_service must be a whole number"):
-        beside.start_beside(None, ClusterOptions(data_service=bad), Settings(), None, lambda t, on_end: None, 1)
+        beside.start_beside(FakePlan(ClusterOptions(data_service=bad), lambda t, on_end: None))
     assert svc.calls == []
 
 
@@ -98,7 +107,7 @@ def test_too_few_slots_for_nodes_and_workers_name_both(svc, monkeypatch):
     monkeypatch.setattr(beside, "wait_for_slots", lambda sc, needed, timeout: 2)
     options = ClusterOptions(data_service=1, reservation_timeout=3)
     with pytest.raises(ReservationTimeout) as info:
-        beside.start_beside("sc", options, Settings(), None, lambda t, on_end: None, 2)
+        beside.start_beside(FakePlan(options, lambda t, on_end: None, num_executors=2, sc="sc"))
     message = str(info.value)
     assert "run(num_executors=2, data_service=1) needs 3 Spark task slots" in message, message
     assert "spark.executor.instances" in message and (info.value.required, info.value.registered) == (3, 2)

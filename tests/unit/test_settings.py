@@ -15,7 +15,8 @@ import pytest
 import tfonspark
 from tfonspark import settings
 from tfonspark.config import NodeConfig
-from tfonspark.driver import launch
+from tfonspark.driver import plan as planning
+from tfonspark.driver.options import RunOptions, SettingKeywords
 from tfonspark.errors import ConfigError
 from tfonspark.settings import SETTINGS, resolve
 from tfonspark.testing import FakeSparkContext
@@ -263,8 +264,8 @@ def test_run_takes_four_positional_arguments_and_every_setting_by_keyword():
     tfos = inspect.signature(TFCluster.run).parameters
     assert [p.name for p in tfos.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == TFOS_POSITIONAL
     for setting in SETTINGS:  # by name, as a shorthand for settings=Settings(...)
-        assert setting.name in launch.SettingKeywords.__annotations__
-        assert setting.name in launch.RunOptions.__annotations__
+        assert setting.name in SettingKeywords.__annotations__
+        assert setting.name in RunOptions.__annotations__
     assert params["settings"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
@@ -303,8 +304,8 @@ def test_run_resolves_once_and_hands_the_values_on(monkeypatch):
         seen["config"] = plan.form(0)[1]
         raise _Stop
 
-    monkeypatch.setattr(launch, "RendezvousServer", FakeServer)
-    monkeypatch.setattr(launch, "_begin", fake_begin)
+    monkeypatch.setattr(planning, "RendezvousServer", FakeServer)
+    monkeypatch.setattr(planning.Plan, "start", fake_begin)
     monkeypatch.setenv("TFONSPARK_BIND_HOST", "0.0.0.0")
     monkeypatch.setenv("TFOS_SERVER_HOST", "127.0.0.2")
     sc = FakeSparkContext({"spark.tfonspark.serverPort": "5000-5009", "spark.tfonspark.collective": "ring"})
@@ -319,14 +320,14 @@ def test_run_resolves_once_and_hands_the_values_on(monkeypatch):
 
 
 def test_run_refuses_a_bad_setting_before_any_work_starts(monkeypatch):
-    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached
+    monkeypatch.setattr(planning, "RendezvousServer", None)  # never reached
     sc = FakeSparkContext({"spark.tfonspark.feedBufferBytes": "lots"})
     with pytest.raises(ConfigError, match=r"spark\.tfonspark\.feedBufferBytes .*\(from the Spark conf\)"):
         tfonspark.run(sc, print, None, 1)
 
 
 def test_run_refuses_a_heartbeat_timeout_that_would_overflow_before_any_work_starts(monkeypatch):
-    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached: no node is lost 5 s later
+    monkeypatch.setattr(planning, "RendezvousServer", None)  # never reached: no node is lost 5 s later
     with pytest.raises(
         ConfigError, match=r"<= 604800 \(a week\)\. Received: 10000000000\.0 \(from the keyword argument\)$"
     ):
@@ -388,7 +389,7 @@ def _conflicting_calls(sc):
 
 @pytest.mark.parametrize("entry", ["run", "TFCluster.run", "ps_cluster", "data_service"])
 def test_every_entry_point_refuses_a_setting_given_both_ways_before_any_work(entry, monkeypatch):
-    monkeypatch.setattr(launch, "RendezvousServer", None)  # never reached
+    monkeypatch.setattr(planning, "RendezvousServer", None)  # never reached
     call = _conflicting_calls(FakeSparkContext({}))[entry]
     with pytest.raises(ConfigError, match=r"both as keyword arguments and in settings=.*\['heartbeat_timeout'\]"):
         call()

@@ -15,7 +15,7 @@ import pytest
 
 from tfonspark import _tfos_keras, settings
 from tfonspark.config import NodeConfig
-from tfonspark.driver.launch import _node_keras
+from tfonspark.driver.plan import _node_keras
 from tfonspark.errors import ConfigError
 from tfonspark.executor import tfos_env
 from tfonspark.importhook import AfterImport
@@ -45,7 +45,7 @@ def test_legacy_keras_setting_rejects_anything_else_naming_the_key():
 def test_tfonspark_run_keeps_keras_3_and_the_tfos_face_asks_for_keras_2(caplog):
     assert _node_keras("auto", tfos_face=False) == ""
     assert _node_keras("off", tfos_face=True) == ""
-    with caplog.at_level(logging.INFO, logger="tfonspark.driver.launch"):
+    with caplog.at_level(logging.INFO, logger="tfonspark.driver.plan"):
         assert _node_keras("auto", tfos_face=True) == "auto"
     [line] = [r.getMessage() for r in caplog.records]  # said in one line, with how to turn it off
     assert "Keras 2" in line and "legacyKeras=off" in line
@@ -417,7 +417,8 @@ def test_tfcluster_run_and_tfestimator_hand_the_nodes_a_wrapped_function(monkeyp
 
     seen: list[tuple] = []
     monkeypatch.setattr(_tfos_keras, "face_used", lambda sc, legacy_keras=None: seen.append(("face", legacy_keras)))
-    monkeypatch.setattr(TFCluster.launch, "start", lambda sc, fn, *a, **kw: seen.append(("run", fn, (a, kw))))
+    unstarted = types.SimpleNamespace(start=lambda handle: None)  # the plan TFCluster.run would start
+    monkeypatch.setattr(TFCluster, "prepare", lambda sc, fn, *a, **kw: seen.append(("run", fn, (a, kw))) or unstarted)
     TFCluster.run(FakeSparkContext(), tfos_main_fun, {}, 2, 0, legacy_keras="off")
     (_, keras), (_, fn, (args, kwargs)) = seen
     assert keras == "off" and isinstance(fn, _tfos_keras.FaceMapFun) and fn.fn is tfos_main_fun
@@ -501,7 +502,6 @@ def test_tfcluster_run_has_tfos_signature_and_warns_that_queues_are_ignored(monk
     import warnings
 
     from tfonspark import TFCluster
-    from tfonspark.driver import launch
     from tfonspark.testing import FakeSparkContext
 
     params = list(inspect.signature(TFCluster.run).parameters.values())
@@ -512,7 +512,8 @@ def test_tfcluster_run_has_tfos_signature_and_warns_that_queues_are_ignored(monk
     assert params[4].default is inspect.Parameter.empty and params[11].default == ["input", "output", "error"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[14:-1])
     started = []
-    monkeypatch.setattr(launch, "start", lambda *args, **kwargs: started.append((args, kwargs)))
+    unstarted = types.SimpleNamespace(start=lambda handle: None)  # the plan TFCluster.run would start
+    monkeypatch.setattr(TFCluster, "prepare", lambda *args, **kwargs: started.append((args, kwargs)) or unstarted)
     monkeypatch.setattr(_tfos_keras, "face_used", lambda sc, legacy_keras=None: None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,8 +1,12 @@
-"""The user's handle on one TensorFlow cluster (TFoS ``TFCluster``): feed it, watch it, shut it down.
+"""The handles on a running cluster: :class:`Cluster` (TFoS ``TFCluster``): feed it, watch it, shut it down.
 
-Collaborators do the work: the running :class:`~tfonspark.driver.nodes.gang.Gang` (nodes, server,
-watcher), :class:`~tfonspark.driver.nodes.restarts.Attempts`, :class:`~tfonspark.driver.feeds.feeding.Feeds`
-and :class:`~tfonspark.driver.feeds.streaming.Streams`; :mod:`.assemble` wires and starts them.
+:meth:`tfonspark.driver.plan.Plan.start` wires a started cluster's parts once (:class:`Running`)
+and hands them to a handle. :class:`ClusterHandle` is what every handle offers (the nodes, their
+reports and restarts, the failure, ``stop``); :class:`Cluster` adds ``run()``'s feeding and
+``shutdown``, the serve-only handles (:mod:`tfonspark.driver.services.serving`) their servers.
+Collaborators do the work: the running :class:`~tfonspark.driver.nodes.gang.Gang` (the control
+plane: nodes, server, watcher), :class:`~tfonspark.driver.nodes.restarts.Attempts`,
+:class:`~tfonspark.driver.feeds.feeding.Feeds` and :class:`~tfonspark.driver.feeds.streaming.Streams`.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode
@@ -18,7 +23,6 @@ from .ending import finish, stop_now
 from .feeds.epochs import train_epochs
 from .feeds.feeding import Feeds
 from .feeds.streaming import Streams, is_dstream, is_streaming_df
-from .nodes.gang import SPARK_SETTINGS
 from .nodes.node_events import ServerRestart
 from .nodes.rendezvous import RendezvousServer
 from .nodes.reports import Report, ReportLog
@@ -28,47 +32,43 @@ from .nodes.stopping import write_stop_file
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-__all__ = ["SPARK_SETTINGS", "Cluster"]
+__all__ = ["Cluster", "ClusterHandle", "Running"]
 
 log = logging.getLogger(__name__)
 
 
-class Cluster:
-    """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``), made by :func:`tfonspark.run`.
+@dataclass(frozen=True)
+class Running:
+    """A started cluster's parts, as :meth:`~tfonspark.driver.plan.Plan.start` wired them: what a handle holds.
 
-    ``sc``, ``cluster_id``, ``input_mode``, ``cluster_info`` and ``server`` are TFoS's attributes.
-
-    Examples
-    --------
-    >>> cluster = tfonspark.run(sc, main_fun, args, num_executors=2, input_mode=InputMode.SPARK)
-    >>> cluster.train(rdd, num_epochs=2)
-    >>> cluster.shutdown()
+    ``on_end()`` runs once after the nodes stop, also on errors (``run(data_service=N)``'s service).
     """
 
-    def __init__(
-        self,
-        sc: SparkContext,
-        input_mode: InputMode,
-        attempts: Attempts,
-        feeds: Feeds,
-        streams: Streams,
-        reports: ReportLog,
-        on_end: Callable[[], None] | None = None,
-    ) -> None:
-        """Made and started by :func:`.assemble.start_cluster`; ``on_end()`` runs once after the nodes
-        stop, also on errors (``run(data_service=N)``'s service)."""
-        self.sc = sc
-        self.input_mode = input_mode
-        self.cluster_id = attempts.gang.config.cluster_id
-        self._attempts, self._feeds, self._streams, self._reports = attempts, feeds, streams, reports
-        self._on_end = on_end
+    sc: SparkContext
+    input_mode: InputMode
+    attempts: Attempts
+    feeds: Feeds
+    streams: Streams
+    reports: ReportLog
+    on_end: Callable[[], None] | None = None
+
+
+class ClusterHandle:
+    """What every handle on a running cluster offers: its nodes, their reports and restarts, ``stop``.
+
+    ``sc``, ``cluster_id``, ``input_mode`` and ``cluster_info`` are TFoS's attributes.
+    """
+
+    def __init__(self, running: Running) -> None:
+        """Made by :meth:`~tfonspark.driver.plan.Plan.start`, once the nodes are up."""
+        self.sc = running.sc
+        self.input_mode = running.input_mode
+        self.cluster_id = running.attempts.gang.config.cluster_id
+        self._attempts, self._feeds, self._streams = running.attempts, running.feeds, running.streams
+        self._reports = running.reports
+        self._on_end = running.on_end
 
     # ---- state ---------------------------------------------------------------------------------
-    @property
-    def server(self) -> RendezvousServer:
-        """The running attempt's rendezvous server (TFoS ``TFCluster.server``), e.g. ``cluster.server.address``."""
-        return self._attempts.gang.server
-
     @property
     def cluster_info(self) -> list[dict[str, Any]]:
         """One dict per node (TFoS): ``job_name``, ``task_index``, ``address``, ``gpus``, e.g. ``cluster.cluster_info[0]``."""
@@ -109,6 +109,50 @@ class Cluster:
         >>> [r.metrics["loss"] for r in cluster.reports if r.node == "worker:0"]
         """
         return self._reports.all()
+
+    # ---- stopping ------------------------------------------------------------------------------
+    def stop(self, grace_secs: float = 2.0) -> None:
+        """Stop every node now, without waiting for the chief/workers to finish (no restart).
+
+        For clusters whose nodes only serve (:func:`tfonspark.ps_cluster`). Raises NodeFailed,
+        after stopping the rest, if a node had failed before.
+
+        Parameters
+        ----------
+        grace_secs
+            How long each node's TF process gets to exit after SIGTERM before SIGKILL.
+
+        Examples
+        --------
+        >>> cluster.stop(grace_secs=5)
+        """
+        try:
+            stop_now(self._attempts, self._streams, grace_secs)
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
+
+
+class Cluster(ClusterHandle):
+    """A running TensorFlow cluster on Spark executors (TFoS ``TFCluster``), made by :func:`tfonspark.run`.
+
+    ``sc``, ``cluster_id``, ``input_mode``, ``cluster_info`` and ``server`` are TFoS's attributes.
+
+    Examples
+    --------
+    >>> cluster = tfonspark.run(sc, main_fun, args, num_executors=2, input_mode=InputMode.SPARK)
+    >>> cluster.train(rdd, num_epochs=2)
+    >>> cluster.shutdown()
+    """
+
+    @property
+    def server(self) -> RendezvousServer:
+        """The running attempt's rendezvous server (TFoS ``TFCluster.server``), e.g. ``cluster.server.address``."""
+        return self._attempts.gang.server
 
     # ---- feeding -------------------------------------------------------------------------------
     def train(
@@ -268,31 +312,6 @@ class Cluster:
             finish(self._attempts, self._streams, self._close_feed, ssc, grace_secs, timeout)
         finally:
             self._end()
-
-    def stop(self, grace_secs: float = 2.0) -> None:
-        """Stop every node now, without waiting for the chief/workers to finish (no restart).
-
-        For clusters whose nodes only serve (:func:`tfonspark.ps_cluster`). Raises NodeFailed,
-        after stopping the rest, if a node had failed before.
-
-        Parameters
-        ----------
-        grace_secs
-            How long each node's TF process gets to exit after SIGTERM before SIGKILL.
-
-        Examples
-        --------
-        >>> cluster.stop(grace_secs=5)
-        """
-        try:
-            stop_now(self._attempts, self._streams, grace_secs)
-        finally:
-            self._end()
-
-    def _end(self) -> None:
-        on_end, self._on_end = self._on_end, None
-        if on_end is not None:
-            on_end()
 
     def _close_feed(self) -> None:
         """End the feed (SPARK mode): the chief/workers' DataFeeds see its end."""

@@ -1,8 +1,8 @@
-"""``tfonspark.run``: sort its keyword arguments, then start the cluster (:mod:`.launch`).
+"""``tfonspark.run``: sort its keyword arguments, prepare the cluster, start it (:mod:`.plan`).
 
 With ``data_service=N`` a tf.data service starts first, beside the cluster
-(:mod:`.service_beside`). ``run`` lives here, above both, because the service itself starts its
-workers through :func:`tfonspark.driver.launch.start`.
+(:mod:`.services.beside`). ``run`` lives here, above both, because the service itself starts its
+workers through :func:`tfonspark.driver.plan.prepare`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
 from .cluster import Cluster
-from .launch import RunOptions, prepare, split_options
-from .nodes.reports import Report
-from .services.beside import node_program, start_beside
+from .options import RunOptions, split_options
+from .plan import prepare
+from .services.beside import start_beside
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
 
     from .nodes.launcher import Launcher
+    from .nodes.reports import Report
 
 __all__ = ["run"]
 
@@ -104,10 +105,7 @@ def run(
     """
     cluster_options, by_name = split_options(options)
     chosen = (settings or Settings()).merged(by_name)
-    program = node_program(map_fun, cluster_options, num_executors)  # data_service_on="nodes": a worker beside
-    begin = prepare(
-        sc, program, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher
-    )
+    plan = prepare(sc, map_fun, tf_args, num_executors, cluster_options, chosen, on_report=on_report, launcher=launcher)
     if cluster_options.data_service:
-        return start_beside(sc, cluster_options, chosen, launcher, begin, num_executors)
-    return begin(None, None)
+        return start_beside(plan)
+    return plan.start(Cluster)

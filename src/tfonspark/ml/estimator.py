@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark.ml import Estimator
 
 from ..config import InputMode
-from ..driver.launch import ClusterOptions, start
+from ..driver.cluster import Cluster
+from ..driver.options import ClusterOptions
+from ..driver.plan import prepare
 from ..errors import ClusterError, ConfigError, InputError
 from ..settings import Settings
 from ..wire.errors import captured, raise_or
@@ -208,7 +210,8 @@ class TFEstimator(
             max_restarts=args.max_restarts,
         )
         sc = dataset.sparkSession.sparkContext
-        cluster = start(sc, self.train_fn, tf_args, args.cluster_size, options, Settings(), tfos_face=self._tfos_face)
+        plan = prepare(sc, self.train_fn, tf_args, args.cluster_size, options, Settings(), tfos_face=self._tfos_face)
+        cluster = plan.start(Cluster)
         _train_and_shutdown(cluster, feed, args)
         if self.export_fn is not None:
             _run_export_fn(dataset.sparkSession.sparkContext, self.export_fn, tf_args)

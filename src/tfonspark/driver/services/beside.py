@@ -3,117 +3,67 @@
 The service (:func:`tfonspark.data_service`: the dispatcher on the driver, ``N`` workers on
 executors of their own) starts first, so the nodes' ``NodeConfig.data_service`` can name its
 target (``ctx.data_service``, ``ctx.distribute_dataset``). The cluster then starts as
-:func:`tfonspark.run` always does; if it cannot, the service stops before the error goes on.
-Once running, the cluster stops the service after its nodes (``begin``'s ``on_end``), in
-``shutdown()`` and ``stop()`` alike, also when they raise: no worker process or port is left.
+:func:`tfonspark.run` always does (``plan.start``); if it cannot, the service stops before the
+error goes on. Once running, the cluster stops the service after its nodes (``start``'s
+``on_end``), in ``shutdown()`` and ``stop()`` alike, also when they raise: no worker process or
+port is left.
 
-With ``data_service_on="nodes"`` no executor is added: :func:`node_program` makes ``map_fun``
-an :class:`~tfonspark.tfprocess.data_worker.OnNodes`, so the first ``N`` nodes run a
-``WorkerServer`` in their TF process; the driver reserves the dispatcher's port, starts the
-nodes, and starts the dispatcher once they reported their workers' addresses. The workers end
-with the nodes' TF processes, the dispatcher with the cluster.
+With ``data_service_on="nodes"`` no executor is added: the plan's nodes run ``map_fun`` as an
+:class:`~tfonspark.tfprocess.data_worker.OnNodes` (the ``data_on_nodes`` row of
+:mod:`tfonspark.driver.programs`), so the first ``N`` nodes run a ``WorkerServer`` in their TF
+process; the driver reserves the dispatcher's port, starts the nodes, and starts the dispatcher
+once they reported their workers' addresses. The workers end with the nodes' TF processes, the
+dispatcher with the cluster.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...errors import ConfigError, ReservationTimeout
-from ...settings import Settings
-from ...tfprocess.data_worker import ADDRESS, OnNodes
-from ..cluster import SPARK_SETTINGS, Cluster
+from ...errors import ReservationTimeout
+from ...tfprocess.data_worker import ADDRESS
+from ..cluster import Cluster
 from ..jobs import wait_for_slots
-from ..launch import Begin, ClusterOptions
+from ..nodes.gang import SPARK_SETTINGS
+from ..options import service_workers
 from .data_service import DataService, data_service, dispatcher_for, reserve_dispatcher
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from ..nodes.launcher import Launcher
+    from ..plan import Plan
 
-__all__ = ["PLACES", "node_program", "start_beside"]
+__all__ = ["start_beside"]
 
 _log = logging.getLogger(__name__)
-#: ``data_service_on``: workers on executors of their own, or in the TF nodes' processes
-PLACES = ("executors", "nodes")
 
 
-def node_program(map_fun: Callable[[Any, Any], Any], options: ClusterOptions, nodes: int) -> Callable[[Any, Any], Any]:
-    """``map_fun``, or for ``data_service_on="nodes"`` an :class:`OnNodes` of it, after checking the options.
+def start_beside(plan: Plan) -> Cluster:
+    """Start ``plan.options.data_service`` tf.data workers, then ``plan``'s cluster, tied together.
 
-    Raises ConfigError for an unknown ``data_service_on``, and for ``"nodes"`` with a count that
-    is not 1..``nodes`` or with options whose nodes do not run ``map_fun`` once each
-    (``coordinator``, ``max_restarts``, ``driver_ps_nodes``).
-
-    Examples
-    --------
-    >>> program = node_program(main_fun, ClusterOptions(data_service=2, data_service_on="nodes"), 2)  # doctest: +SKIP
-    """
-    place = options.data_service_on
-    if place not in PLACES:
-        raise ConfigError(f"data_service_on must be one of {', '.join(map(repr, PLACES))}. Received: {place!r}")
-    if place == "executors":
-        return map_fun
-    count = _count(options.data_service)
-    why = _not_on_nodes(options, count, nodes)
-    if why:
-        raise ConfigError(f"data_service_on='nodes' {why}; or use data_service_on='executors' (executors of their own)")
-    return OnNodes(map_fun, count, float(options.reservation_timeout))
-
-
-def _not_on_nodes(options: ClusterOptions, count: int, nodes: int) -> str:
-    """Why ``count`` workers cannot run in ``nodes`` TF nodes under ``options`` ("": they can)."""
-    if not 1 <= count <= nodes:
-        return f"runs one tf.data worker in each of the first data_service nodes: give 1..{nodes}. Received: {count}"
-    if options.coordinator:
-        return "needs map_fun on every node, but coordinator=True runs it on the chief only"
-    if options.max_restarts:
-        return "keeps the dispatcher's worker list for one start of the nodes: max_restarts must be 0"
-    if options.driver_ps_nodes:
-        return "runs workers on the nodes' executors, not on the driver: driver_ps_nodes must be False"
-    return ""
-
-
-def _count(count: Any) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ConfigError(f"data_service must be a whole number of executors >= 0. Received: {count!r}")
-    return count
-
-
-def start_beside(
-    sc: SparkContext,
-    options: ClusterOptions,
-    chosen: Settings,
-    launcher: Launcher | None,
-    begin: Begin,
-    nodes: int,
-) -> Cluster:
-    """Start ``options.data_service`` tf.data workers, then the cluster (``begin(target, on_end)``), tied together.
-
-    On Spark (no ``launcher``) it first waits, up to ``reservation_timeout``, until there are
-    task slots for both: the ``nodes`` executors of the cluster and the service's workers.
-    Raises ReservationTimeout naming both numbers when there are not, ConfigError for a
+    On Spark (no ``plan.launcher``) it first waits, up to ``reservation_timeout``, until there
+    are task slots for both: the plan's nodes and the service's workers. Raises
+    ReservationTimeout naming both numbers when there are not, ConfigError for a
     ``data_service`` that is not a whole number >= 0, and whatever :func:`tfonspark.data_service`
-    or ``begin`` raise (after stopping what had started). With ``data_service_on="nodes"`` the
-    nodes need no more slots than their own: see :func:`node_program`.
+    or ``plan.start`` raise (after stopping what had started). With ``data_service_on="nodes"``
+    the nodes need no more slots than their own.
 
     Examples
     --------
-    >>> cluster = start_beside(sc, ClusterOptions(data_service=1), Settings(), None, begin, 2)  # doctest: +SKIP
+    >>> cluster = start_beside(prepare(sc, main_fun, args, 2, ClusterOptions(data_service=1), Settings()))  # doctest: +SKIP
     """
-    count = _count(options.data_service)
+    options = plan.options
+    count = service_workers(options)
+    timeout = float(options.reservation_timeout)
     if options.data_service_on == "nodes":
-        return _on_nodes(sc, begin, count, float(options.reservation_timeout))
-    if launcher is None:
-        _reserve(sc, nodes, count, float(options.reservation_timeout))
-    svc = data_service(
-        sc, count, settings=chosen, reservation_timeout=float(options.reservation_timeout), launcher=launcher
-    )
+        return _on_nodes(plan, count, timeout)
+    if plan.launcher is None:
+        _reserve(plan.sc, plan.num_executors, count, timeout)
+    svc = data_service(plan.sc, count, settings=plan.settings, reservation_timeout=timeout, launcher=plan.launcher)
     try:
-        cluster = begin(svc.target, lambda: _stop(svc, "its training cluster stopped"))
+        cluster = plan.start(Cluster, svc.target, lambda: _stop(svc, "its training cluster stopped"))
     except BaseException:
         _stop(svc, "the training cluster did not start")
         raise
@@ -121,9 +71,9 @@ def start_beside(
     return cluster
 
 
-def _on_nodes(sc: SparkContext, begin: Begin, count: int, timeout: float) -> Cluster:
+def _on_nodes(plan: Plan, count: int, timeout: float) -> Cluster:
     """Start the nodes (``count`` of them with a tf.data worker), then the dispatcher with their addresses."""
-    handover, address = reserve_dispatcher(sc)
+    handover, address = reserve_dispatcher(plan.sc)
     started: list[DataService] = []
 
     def end() -> None:
@@ -132,7 +82,7 @@ def _on_nodes(sc: SparkContext, begin: Begin, count: int, timeout: float) -> Clu
             _stop(svc, "its training cluster stopped")
 
     try:
-        cluster = begin(f"grpc://{address}", end)
+        cluster = plan.start(Cluster, f"grpc://{address}", end)
     except BaseException:
         handover.release()
         raise

@@ -36,10 +36,11 @@ from ...config import InputMode
 from ...errors import ClusterError, ConfigError, ReservationTimeout
 from ...ports import PortHandover, reserve_port
 from ...settings import Settings
-from ...tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, serve_data, watched
+from ...tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, watched
 from ...tfprocess.server import wait_for_servers
 from ..cluster import Cluster
-from ..launch import ClusterOptions, SettingKeywords, driver_host, start
+from ..options import ClusterOptions, SettingKeywords
+from ..plan import driver_host, prepare
 from .ps import chief_address
 
 if TYPE_CHECKING:
@@ -231,7 +232,10 @@ def data_service(
         # the dispatcher as a driver-held task: a serve-only node, so its supervisor restarts a killed
         # WorkerServer in place at the same address (the dispatcher's worker list stays right)
         tasks = {"dispatcher": [address]}
-        cluster = start(sc, serve_data, args, num_workers, options, chosen, launcher=launcher, driver_tasks=tasks)
+        plan = prepare(
+            sc, None, args, num_workers, options, chosen, program="data_worker", launcher=launcher, driver_tasks=tasks
+        )
+        cluster = plan.start(Cluster)
     except ReservationTimeout as error:
         handover.release()
         raise _named(error, num_workers) from error

@@ -24,15 +24,15 @@ from ...ports import PortHandover, hand_over_port, reserve_port
 from ...settings import Settings
 from ...tfprocess.hints import add_ps_hint
 from ...tfprocess.server import (
-    ServeBesideEvaluator,
     coordinator_spec,
-    serve,
     servers_accepting,
     wait_for_servers,
 )
 from ..cluster import Cluster
-from ..launch import ClusterOptions, SettingKeywords, driver_host, start
 from ..nodes.node_events import ServerRestart
+from ..options import ClusterOptions, SettingKeywords
+from ..plan import driver_host, prepare
+from ..programs import ProgramKind
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -223,9 +223,13 @@ def ps_cluster(
     handover = hand_over_port(held)
     started = time.monotonic()
     try:
-        program = serve if evaluator is None else ServeBesideEvaluator(evaluator)
+        program: ProgramKind = "ps" if evaluator is None else "ps_evaluator"
         nodes = num_workers + num_ps + int(evaluator is not None)
-        cluster = start(sc, program, None, nodes, options, chosen, launcher=launcher, driver_tasks={"chief": [chief]})
+        tasks = {"chief": [chief]}
+        plan = prepare(
+            sc, evaluator, None, nodes, options, chosen, program=program, launcher=launcher, driver_tasks=tasks
+        )
+        cluster = plan.start(Cluster)
     except ReservationTimeout as error:
         handover.release()
         raise _named(error, num_workers, num_ps, driver_ps_nodes) from error
