@@ -188,26 +188,26 @@ def pack_bench(cases: list[Case], rows: int) -> list[list[str]]:
     """A feed task's Python work on ``case``'s rows against ``foreachPartition``'s, without Spark.
 
     Both unpickle Spark's batches of rows (as a PySpark worker does) and drop each row after
-    use; the feed task also packs them (``Feeder``'s own chunking into ``pack_rows``). Last, the
+    use; the feed task also packs them (``row_batches``' own chunking into ``pack_rows``). Last, the
     feed task's work on a stored RDD: the same pickles decoded into columns without unpickling
     (``train_pickled``). CPU seconds, min of ``PACK_REPS``; rows for :func:`c.markdown_table`.
     """
     import pickle
 
-    from tfonspark.executor.feeder import Feeder, decoded_batches
+    from tfonspark.executor.feedbatches import decoded_batches, row_batches
 
     out = []
     for case in cases:
         n = rows or case.shape.quick_rows * 4
         blobs = spark_pickles(list(case_rows(case, n, 1, 0)))
-        counts = [b.count for b in Feeder._row_batches(0, _unpickled(blobs))]
+        counts = [b.count for b in row_batches(0, _unpickled(blobs))]
 
         def plain(blobs: list[bytes] = blobs) -> None:
             for _ in _unpickled(blobs):
                 pass
 
         def feed(blobs: list[bytes] = blobs) -> None:
-            for _ in Feeder._row_batches(0, _unpickled(blobs)):
+            for _ in row_batches(0, _unpickled(blobs)):
                 pass
 
         def decoded(blobs: list[bytes] = blobs) -> None:

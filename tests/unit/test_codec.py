@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from tfonspark.errors import InputError, ProtocolError
-from tfonspark.executor.feeder import Feeder
+from tfonspark.executor.feedbatches import row_batches
 from tfonspark.wire import packing
 from tfonspark.wire.arrow import arrow_to_columns, columns_to_arrow
 from tfonspark.wire.codec import ColumnBatch, decode_batch, encode_batch
@@ -251,7 +251,7 @@ def test_list_features_that_differ_give_the_errors_numpy_rules_give(rows, row, w
 def _recorded_chunks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Any]:
     """The sizes of the chunks the feed task hands ``pack_rows``, and a function giving the
     batch sizes it feeds for some rows."""
-    from tfonspark.executor import feeder
+    from tfonspark.executor import feedbatches
 
     chunks: list[int] = []
 
@@ -259,11 +259,11 @@ def _recorded_chunks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Any]:
         chunks.append(len(rows))
         return pack_rows(rows, *args, **kwargs)
 
-    monkeypatch.setattr(feeder, "pack_rows", recording)
+    monkeypatch.setattr(feedbatches, "pack_rows", recording)
 
     def counts(rows: list) -> list[int]:
         chunks.clear()
-        return [b.count for b in Feeder._row_batches(0, iter(rows))]
+        return [b.count for b in row_batches(0, iter(rows))]
 
     return chunks, counts
 
@@ -274,7 +274,7 @@ def test_feed_task_packs_rows_like_the_first_one_at_a_time_into_4_mb_frames(monk
     rows = [(list(W784), i) for i in range(1000)]
     assert counts(rows) == [16, 697, 287]  # whole chunks of 41 rows up to 4 MB // 6,280 bytes a row
     assert chunks == [16]  # only the first chunk went to pack_rows; the rest were packed as they came
-    got = list(itertools.chain.from_iterable(b.rows() for b in Feeder._row_batches(0, iter(rows))))
+    got = list(itertools.chain.from_iterable(b.rows() for b in row_batches(0, iter(rows))))
     assert [r[1] for r in got] == list(range(1000)) and all(list(r[0]) == W784 for r in got)
     assert counts([(np.zeros(784, np.float32), i) for i in range(3000)]) == [16, 1334, 1334, 316]  # 4 MB
     assert counts(list(range(70_000))) == [16, 65536, 4448]
@@ -293,9 +293,7 @@ def test_without_the_c_packer_the_feed_task_packs_chunks_of_at_most_32768_values
 
 
 def _fed(rows: list) -> list:
-    from tfonspark.executor.feeder import Feeder
-
-    return list(itertools.chain.from_iterable(b.rows() for b in Feeder._row_batches(3, iter(rows))))
+    return list(itertools.chain.from_iterable(b.rows() for b in row_batches(3, iter(rows))))
 
 
 @pytest.mark.parametrize("until", [58, 200])  # one ragged row, or every row from there on

@@ -54,13 +54,13 @@ def _packed(rows: list[Any], scratch: bool = True) -> Any:
 
 
 def _fed(rows: list[Any]) -> Any:
-    from tfonspark.executor.feeder import Feeder
+    from tfonspark.executor.feedbatches import row_batches
 
     def copied(batch: ColumnBatch) -> ColumnBatch:  # before the next batch reuses its memory
         columns = [np.array(c) if isinstance(c, np.ndarray) else list(c) for c in batch.columns]
         return ColumnBatch(columns, batch.layout, batch.names, batch.kinds)
 
-    return lambda: [copied(b) for b in Feeder._row_batches(3, iter(rows))]
+    return lambda: [copied(b) for b in row_batches(3, iter(rows))]
 
 
 W = [i / 7 for i in range(784)]
@@ -251,7 +251,7 @@ def test_rows_packed_as_they_come_give_the_frames_and_errors_of_chunks(seed, mon
 
 @needs_native
 def test_an_error_in_the_users_map_reaches_the_feed_task_from_any_row():
-    from tfonspark.executor.feeder import Feeder
+    from tfonspark.executor.feedbatches import row_batches
 
     def rows() -> Any:
         for i in range(500):
@@ -261,7 +261,7 @@ def test_an_error_in_the_users_map_reaches_the_feed_task_from_any_row():
 
     source = rows()
     with pytest.raises(ZeroDivisionError, match="row 300"):
-        list(Feeder._row_batches(0, source))
+        list(row_batches(0, source))
 
 
 @needs_native
@@ -485,7 +485,7 @@ def test_pack_rows_never_gives_a_batch_that_drops_its_rows(rows, row, monkeypatc
 
 @pytest.mark.parametrize("empty", [(), [], {}])
 def test_a_partition_of_only_empty_rows_is_an_input_error_naming_it(empty, monkeypatch):
-    """It was a ZeroDivisionError in ``Feeder._row_batches`` on both packers."""
+    """It was a ZeroDivisionError in ``feedbatches.row_batches`` on both packers."""
     rows = [empty] * 40
     outcome = _both(_fed(rows), monkeypatch) if packing.native is not None else _outcome(_fed(rows))
     assert outcome[0] == "error" and outcome[1] is InputError and outcome[3][1:] == (3, 0), outcome

@@ -9,7 +9,7 @@ bool, numpy scalars, float and int subclasses, ints past int64), arrays of anoth
 shape, or the whole partition made of empty rows. Every partition goes through the entry
 points the feed task uses, with the C packer and with ``packing.native = None``:
 
-- ``Feeder._row_batches`` (an RDD's rows), counting the rows taken in a ``_Tally``;
+- ``row_batches`` (an RDD's rows), counting the rows taken in a ``Tally``;
 - ``decoded_batches`` (a stored RDD's pickled batches), for partitions of up to 3,000 rows;
 - ``pack_rows`` of the first rows (the head, and every chunk the feeder packs whole).
 
@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tfonspark.executor import feeder as feeder_module
-from tfonspark.executor.feeder import Feeder, decoded_batches
+from tfonspark.executor import feedbatches
+from tfonspark.executor.feedbatches import decoded_batches, row_batches
 from tfonspark.wire import packing
 from tfonspark.wire.codec import encode_batch
 from tfonspark.wire.packing import pack_rows
@@ -229,7 +229,7 @@ def partitions(draw: Any) -> list[Any]:
     name = draw(st.sampled_from(FAMILIES))
     width = draw(st.sampled_from([1, 2, 3, 8, 32, 100, 784]))
     probe = _family(name, width, 1)[0]
-    values = max(feeder_module._python_values(probe), 1)
+    values = max(feedbatches._python_values(probe), 1)
     n = min(draw(st.sampled_from(SIZES)), max(MAX_VALUES // values, 1))
     rows = _family(name, width, n)
     event(f"family: {name}")
@@ -252,7 +252,7 @@ def _frame_bytes(batch: Any) -> bytes:
 
 def _outcome(make: Any) -> tuple[Any, ...]:
     """("frames", frame bytes, rows in them, rows counted taken) or ("error", class, message, where)."""
-    tally = feeder_module._Tally()
+    tally = feedbatches.Tally()
     try:
         frames, count = [], 0
         for batch in make(tally):
@@ -300,7 +300,7 @@ def _check(make: Any, n: int, tallied: bool = True) -> None:
 @given(partitions())
 def test_both_packers_give_the_same_frames_or_error_and_lose_no_row(rows):
     n = len(rows)
-    _check(lambda tally: Feeder._row_batches(PARTITION, iter(rows), 0, tally), n)
+    _check(lambda tally: row_batches(PARTITION, iter(rows), 0, tally), n)
     head = rows[:300]
     _check(lambda tally: [pack_rows(head, PARTITION, 100)], len(head), tallied=False)
     if n <= 3000:

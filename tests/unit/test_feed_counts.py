@@ -19,6 +19,7 @@ import pytest
 
 from tests.unit.test_feed_local import Bg, answer_all, close_feed, drain, feeder_for, make_server  # noqa: F401
 from tfonspark.errors import FeedError, InputError
+from tfonspark.executor import feedbatches
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder
 from tfonspark.tfprocess.datafeed import DataFeed
@@ -53,18 +54,18 @@ def _one_short(batches: list[ColumnBatch]) -> list[ColumnBatch]:
 
 
 def _lose_a_row_per_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    flush = feeder_module._Frames.flush
-    monkeypatch.setattr(feeder_module._Frames, "flush", lambda self: _one_short(flush(self)))
+    flush = feedbatches._Frames.flush
+    monkeypatch.setattr(feedbatches._Frames, "flush", lambda self: _one_short(flush(self)))
 
 
 def _lose_a_row_per_decoded_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    joined = feeder_module._joined
-    monkeypatch.setattr(feeder_module, "_joined", lambda batches, scratch: _one_short([joined(batches, scratch)])[0])
+    joined = feedbatches._joined
+    monkeypatch.setattr(feedbatches, "_joined", lambda batches, scratch: _one_short([joined(batches, scratch)])[0])
 
 
 def _lose_a_row_per_record_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    to_columns = feeder_module.arrow_to_columns
-    monkeypatch.setattr(feeder_module, "arrow_to_columns", lambda rb, *args: _one_short([to_columns(rb, *args)])[0])
+    to_columns = feedbatches.arrow_to_columns
+    monkeypatch.setattr(feedbatches, "arrow_to_columns", lambda rb, *args: _one_short([to_columns(rb, *args)])[0])
 
 
 def _in_a_task(monkeypatch: pytest.MonkeyPatch, partition: int) -> None:
@@ -138,17 +139,17 @@ def test_a_row_lost_in_packing_fails_the_inference_feed(make_server, monkeypatch
 def test_rows_taken_but_no_batch_packed_fail_the_feed(make_server):  # noqa: F811
     """No batch opens no connection, so no node could see the count: the feeder says it."""
     server = make_server()
-    tally = feeder_module._Tally()
+    tally = feedbatches.Tally()
     tally.rows = 3
     with pytest.raises(FeedError, match="partition 4: 3 rows were taken but none was packed"):
         feeder_for(server)._train(4, iter([]), tally)
-    assert feeder_for(server)._train(4, iter([]), feeder_module._Tally()) == 0  # an empty partition
+    assert feeder_for(server)._train(4, iter([]), feedbatches.Tally()) == 0  # an empty partition
 
 
 @pytest.mark.parametrize("native", ["c", "pure"])
 @pytest.mark.parametrize("empty", [(), [], {}])
 def test_a_partition_of_only_empty_rows_fails_its_feed_task_naming_it(empty, native, make_server, monkeypatch):  # noqa: F811
-    """It was a ZeroDivisionError in ``Feeder._row_batches`` on both packers."""
+    """It was a ZeroDivisionError in ``feedbatches.row_batches`` on both packers."""
     if native == "pure":
         monkeypatch.setattr(packing, "native", None)
     server = make_server()
@@ -163,6 +164,6 @@ def test_the_tally_counts_rows_where_the_c_packer_leaves_some_over(monkeypatch):
     rows: list[Any] = _tuples()
     for r in (16, 17, 100, 4000, N - 1):
         rows[r] = ([float(r), 2.0], float(r))  # a float label: a chunk of another dtype
-    tally = feeder_module._Tally()
-    batches: Iterator[ColumnBatch] = Feeder._row_batches(0, iter(rows), 0, tally)
+    tally = feedbatches.Tally()
+    batches: Iterator[ColumnBatch] = feedbatches.row_batches(0, iter(rows), 0, tally)
     assert sum(b.count for b in batches) == tally.rows == N

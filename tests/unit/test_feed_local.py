@@ -16,6 +16,7 @@ import pytest
 
 from tests.waiting import wait_until
 from tfonspark.errors import FeedError, FeedTimeout, InputError
+from tfonspark.executor import feedbatches
 from tfonspark.executor import feeder as feeder_module
 from tfonspark.executor.feeder import Feeder, FeedTarget, choose_target
 from tfonspark.host import executor_key
@@ -557,7 +558,7 @@ def test_a_waiting_feeder_is_told_terminate_even_if_its_stream_closes_first(make
 
 
 def test_terminate_stops_an_in_flight_feeder_and_drops_later_feeds(make_server, monkeypatch):
-    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+    monkeypatch.setattr(feedbatches, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)
     rows = big_rows(40 * MB, 1024)
     # a whole partition is delivered once complete (a 40 MB one partly from disk); the next
@@ -592,7 +593,7 @@ def test_terminate_during_inference_fails_the_partition_quickly(make_server, mon
         server = make_server()
         rows: list = list(range(1000))
     else:
-        monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+        monkeypatch.setattr(feedbatches, "_TARGET_BYTES", 256 * 1024)
         server = make_server(buffer_bytes=1 * MB)
         rows = big_rows(40 * MB, 1024)
     feed = DataFeed(server, train_mode=False)
@@ -615,7 +616,7 @@ def test_terminate_during_inference_fails_the_partition_quickly(make_server, mon
 
 
 def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
-    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 128 * 1024)  # frames smaller than the buffer
+    monkeypatch.setattr(feedbatches, "_TARGET_BYTES", 128 * 1024)  # frames smaller than the buffer
     buffer_bytes = 1 * MB
     server = make_server(buffer_bytes=buffer_bytes)
     rows = big_rows(50 * MB, 256)
@@ -661,7 +662,7 @@ def test_backpressure_keeps_the_buffer_bounded(make_server, monkeypatch):
 
 
 def test_feed_timeout_when_the_consumer_never_reads(make_server, monkeypatch):
-    monkeypatch.setattr(feeder_module, "_TARGET_BYTES", 256 * 1024)
+    monkeypatch.setattr(feedbatches, "_TARGET_BYTES", 256 * 1024)
     server = make_server(buffer_bytes=1 * MB)
     rows = big_rows(40 * MB, 1024)
     # the first partition is delivered whole (spilled past the buffer); the next one waits

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tfonspark.errors import InputError
-from tfonspark.executor.feeder import Feeder, decoded_batches
+from tfonspark.executor.feedbatches import decoded_batches, row_batches
 from tfonspark.wire.packing import pack_rows
 from tfonspark.wire.pickled import PickledRows
 
@@ -141,7 +141,7 @@ def test_a_ragged_row_is_named_as_the_row_path_names_it():
     rows = [(floats(4), 1) for _ in range(300)]
     rows[257] = (floats(3), 1)
     with pytest.raises(InputError) as by_rows:
-        list(Feeder._row_batches(5, iter(rows)))
+        list(row_batches(5, iter(rows)))
     with pytest.raises(InputError) as by_pickles:
         list(decoded_batches(5, iter(blobs_of(rows, 64))))
     assert "partition=5, row=257" in str(by_pickles.value)
@@ -150,7 +150,7 @@ def test_a_ragged_row_is_named_as_the_row_path_names_it():
 
 def test_unrecognised_partitions_feed_what_the_row_path_feeds():
     rows = [{"x": i, "y": [i, i]} for i in range(500)]
-    want = joined(Feeder._row_batches(0, iter(rows)))
+    want = joined(row_batches(0, iter(rows)))
     got = joined(decoded_batches(0, iter(blobs_of(rows, 100))))
     for a, b in zip(zip(*got), zip(*want), strict=True):
         assert np.array_equal(np.concatenate(a), np.concatenate(b))

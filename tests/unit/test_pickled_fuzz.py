@@ -237,7 +237,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def check(blob: bytes, clean: bytes, primed: bool) -> str:
     """'fast' if the reader decoded ``blob`` (and matched ``pickle.loads``), else 'fallback'."""
-    from tfonspark.executor.feeder import Feeder, decoded_batches
+    from tfonspark.executor.feedbatches import decoded_batches, row_batches
     from tfonspark.wire.packing import pack_rows
     from tfonspark.wire.pickled import PickledRows
 
@@ -263,9 +263,7 @@ def check(blob: bytes, clean: bytes, primed: bool) -> str:
 
     # the product path, which falls back, against the row path over pickle.loads' rows
     def row_path() -> Iterator[Any]:
-        return Feeder._row_batches(
-            0, itertools.chain.from_iterable(map(lambda b: pickle.loads(b, encoding="bytes"), [blob]))
-        )
+        return row_batches(0, itertools.chain.from_iterable(map(lambda b: pickle.loads(b, encoding="bytes"), [blob])))
 
     feed, reference = _columns(decoded_batches(0, iter([blob]))), _columns(row_path())
     if not _same(feed, reference):
