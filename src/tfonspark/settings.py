@@ -35,12 +35,12 @@ docs/settings.md lists.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import parsers
 from .errors import ConfigError
 
 __all__ = [
@@ -110,27 +110,7 @@ _NODE_ENVIRONMENT = "the node's environment"
 _DEFAULT = "the default"
 
 
-# ---- parsers: raw value (str from a conf or an environment, any type from an argument) -> value.
-# They raise ValueError; the caller turns it into a ConfigError naming the key and its source.
-
-
-def _text(raw: object) -> str:
-    if not isinstance(raw, str):
-        raise ValueError
-    return raw.strip()
-
-
-def _integer(raw: object) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise ValueError
-    return int(raw)  # int(" 12 ") is 12; int("1.5") raises
-
-
-def _port(raw: object) -> int:
-    port = _integer(raw)
-    if not 0 <= port <= 65535:
-        raise ValueError
-    return port
+# ---- the settings' own rules (the generic ones are in parsers.py): raw value -> value or ValueError
 
 
 def port_range(spec: str) -> tuple[int, int]:
@@ -161,50 +141,26 @@ def _port_spec(raw: object) -> str:
 
 
 def _feed_bytes(raw: object) -> int:
-    value = _integer(raw)
-    if value < MIN_FEED_BUFFER_BYTES:
-        raise ValueError
-    return value
+    return parsers.integer(raw, minimum=MIN_FEED_BUFFER_BYTES)
 
 
-def _seconds(raw: object) -> float:
+def _timeout(raw: object) -> float:
     """A timeout: seconds > 0 and at most :data:`MAX_TIMEOUT_SECONDS` (nan and inf are refused)."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise ValueError
-    value = float(raw)
-    if not (value > 0 and math.isfinite(value) and value <= MAX_TIMEOUT_SECONDS):
-        raise ValueError
-    return value
+    return parsers.seconds(raw, longest=MAX_TIMEOUT_SECONDS)
+
+
+_KERAS_SYNONYMS = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
 
 
 def _legacy_keras(raw: object) -> str:
     """``auto``/``on``/``off``; booleans and the usual spellings of them (``true``, ``0``...) too."""
     if isinstance(raw, bool):
         return "on" if raw else "off"
-    name = _text(raw).lower()
-    name = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(name, name)
-    if name not in LEGACY_KERAS_MODES:
-        raise ValueError
-    return name
-
-
-def _switch(raw: object) -> bool:
-    """On or off: a bool, or ``on``/``off``, ``true``/``false``, ``yes``/``no``, ``1``/``0``."""
-    if isinstance(raw, bool):
-        return raw
-    name = _text(raw).lower()
-    if name in ("on", "true", "yes", "1"):
-        return True
-    if name in ("off", "false", "no", "0"):
-        return False
-    raise ValueError
+    return parsers.word(raw, LEGACY_KERAS_MODES, _KERAS_SYNONYMS)
 
 
 def _collective(raw: object) -> str:
-    name = _text(raw).lower()
-    if name not in COLLECTIVES:
-        raise ValueError
-    return name
+    return parsers.word(raw, COLLECTIVES)
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -235,7 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.serverHost",
         ("TFOS_SERVER_HOST",),
         "",
-        _text,
+        parsers.text,
         "an address or host name",
         "address the driver's rendezvous server binds (a wildcard is bound but never advertised)",
         default_text="`spark.driver.host`",
@@ -265,7 +221,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.tensorboardPort",
         ("TENSORBOARD_PORT",),
         0,
-        _port,
+        parsers.port,
         "an integer port 0-65535 (0 = a free port)",
         "TensorBoard's port on the chief (`tensorboard=True`); also read on the node, as in TFoS",
         default_text="a free port",
@@ -276,7 +232,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.bindHost",
         ("TFONSPARK_BIND_HOST",),
         "",
-        _text,
+        parsers.text,
         "an address or host name",
         "address node servers (feed server, TensorBoard) bind, e.g. `0.0.0.0` behind NAT",
         default_text="the node's advertised address",
@@ -286,7 +242,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.heartbeatTimeout",
         ("TFONSPARK_HEARTBEAT_TIMEOUT",),
         DEFAULT_HEARTBEAT_TIMEOUT,
-        _seconds,
+        _timeout,
         _TIMEOUT_VALID,
         "seconds of control-channel silence after which a node (or the driver) is taken as gone",
         default_text="60 s",
@@ -318,7 +274,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.epochEndTimeout",
         ("TFONSPARK_EPOCH_END_TIMEOUT",),
         DEFAULT_EPOCH_END_TIMEOUT,
-        _seconds,
+        _timeout,
         _TIMEOUT_VALID,
         "seconds `train()` of a restartable cluster (`max_restarts` > 0) waits, while no node reports "
         "progress, for the data nodes to read its last epoch to the end before it returns (with a warning)",
@@ -329,7 +285,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.streamStopTimeout",
         ("TFONSPARK_STREAM_STOP_TIMEOUT",),
         DEFAULT_STREAM_STOP_TIMEOUT,
-        _seconds,
+        _timeout,
         _TIMEOUT_VALID,
         "seconds a graceful stop of a streaming query waits for its running micro-batch "
         "(at most what is left of `shutdown(timeout=...)`)",
@@ -340,7 +296,7 @@ SETTINGS: tuple[Setting, ...] = (
         "spark.tfonspark.spareProcesses",
         ("TFONSPARK_SPARE_PROCESSES",),
         True,
-        _switch,
+        parsers.switch,
         "on or off (or true/false, yes/no, 1/0)",
         "warm TF processes (TensorFlow imported, idle) for faster restarts: a spare per chief/worker while a "
         "restart may follow (`max_restarts`), a standby per worker that restarts in place (`ps_cluster`, "
@@ -527,7 +483,7 @@ def check_timeout(name: str, value: object, source: str = "the argument") -> flo
     with the settings' rule: > 0 and at most :data:`MAX_TIMEOUT_SECONDS`; else a ConfigError
     naming ``name``, the value received, the valid range and ``source``."""
     try:
-        return _seconds(value)
+        return _timeout(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name} must be {_TIMEOUT_VALID}. Received: {value!r} (from {source})") from None
 
