@@ -1,10 +1,11 @@
 """What travels from the driver to every node, validated on construction.
 
-The settings among it (:data:`tfonspark.settings.CONFIG_SETTINGS`: feed buffer, TensorBoard port,
-bind address, heartbeat timeout, collective, and the driver-side waits ``epoch_end_timeout`` and
-``stream_stop_timeout`` that the driver's ``Cluster`` reads from its config) are resolved once on
-the driver by :func:`tfonspark.settings.resolve`; their defaults and checks live in
-:data:`tfonspark.settings.SETTINGS`, not here.
+The settings among it are the fields ``NodeConfig`` inherits from
+:class:`tfonspark.settings.NodeSettings` (feed buffer, TensorBoard port, bind address, heartbeat
+timeout, collective, spare processes, and the driver-side waits ``epoch_end_timeout`` and
+``stream_stop_timeout`` that the driver's ``Cluster`` reads from its config), resolved once on
+the driver by :func:`tfonspark.settings.resolve`; their types, defaults and checks live in
+:mod:`tfonspark.settings`, not here.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ class InputMode(IntEnum):
 
 
 @dataclass(frozen=True)
-class NodeConfig:
-    """Everything a node needs to join its cluster; the secret never appears in its repr."""
+class NodeConfig(settings.NodeSettings):
+    """Everything a node needs to join its cluster; the secret never appears in its repr.
+
+    Its settings (:class:`~tfonspark.settings.NodeSettings`, keyword-only) come from
+    :meth:`tfonspark.settings.Resolved.node_fields`, and are checked here again."""
 
     cluster_id: str
     driver_host: str
@@ -43,14 +47,7 @@ class NodeConfig:
     reservation_timeout: float = 600.0
     default_fs: str = "file://"
     chief_job: str = "worker"
-    feed_buffer_bytes: int = settings.DEFAULT_FEED_BUFFER_BYTES
-    tensorboard_port: int = 0  # 0 = the node's TENSORBOARD_PORT, else a free port
-    bind_host: str = ""  # where node servers bind; "" = the node's advertised address
     heartbeat_secs: float = 5.0  # supervisor <-> driver liveness messages
-    heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT  # silence after which the other side is gone
-    collective: str = settings.DEFAULT_COLLECTIVE  # the TF process's TFONSPARK_COLLECTIVE
-    epoch_end_timeout: float = settings.DEFAULT_EPOCH_END_TIMEOUT  # driver: a restartable train()'s last wait
-    stream_stop_timeout: float = settings.DEFAULT_STREAM_STOP_TIMEOUT  # driver: a graceful stream stop's wait
     # Keras 2 for the TF process: "" = leave it (Keras 3 unless the user set TF_USE_LEGACY_KERAS),
     # "auto" = TF_USE_LEGACY_KERAS=1 where tf_keras is installed on the node, "on" = required
     legacy_keras: str = ""
@@ -59,7 +56,6 @@ class NodeConfig:
     attempt: int = 0  # 0 for the first start of the cluster, n after the driver's n-th restart (ctx.attempt)
     server_restarts: int = 0  # times a worker that only serves (PS training) restarts in place; 0: never
     keep_spare: bool = False  # a restart may follow (attempt < max_restarts): keep a warm spare TF process
-    spare_processes: bool = True  # the setting: False = no spare and no standby (executor/spare.py, standby.py)
     debug: dict[str, object] | None = None  # tf.debugging per node (tfprocess/debugging.Debug.to_dict); None: off
     data_service: str | None = None  # the tf.data dispatcher of run(data_service=N), "grpc://host:port"
     # settings read on the node too that the driver took as the default (the node's own variable may

@@ -11,12 +11,12 @@ A setting is read from the first of these that has it:
 4. the default written in :data:`SETTINGS`.
 
 :func:`resolve` does this once, in ``run()``, into :class:`Resolved`; what the cluster needs of
-it travels in ``NodeConfig`` (:meth:`Resolved.node_fields`); nothing else reads these variables
-on the driver. Two settings are also read on
-the node, because code there read them before tfonspark existed: ``TENSORBOARD_PORT`` (TFoS read
-it on the executor) and ``TFONSPARK_COLLECTIVE`` (read by :func:`tfonspark.distribute.strategy`,
-which also runs outside tfonspark). A node's own variable is used where the driver resolved the
-default (see :func:`node_value`).
+it (:class:`NodeSettings`) travels in ``NodeConfig``, which inherits those fields; nothing else
+reads these variables on the driver. Two settings are also read on the node, because code there
+read them before tfonspark existed: ``TENSORBOARD_PORT`` (TFoS read it on the executor) and
+``TFONSPARK_COLLECTIVE`` (read by :func:`tfonspark.distribute.strategy`, which also runs outside
+tfonspark). A node's own variable is used where the driver resolved the default (see
+:func:`node_value`).
 
 A bad value raises :class:`~tfonspark.errors.ConfigError` naming the key it came from, what is
 valid and where it was read: ``TFOS_FEED_BUFFER_BYTES must be an integer >= 1048576 (1 MiB).
@@ -30,12 +30,23 @@ long a graceful stop waits for a running micro-batch; ``heartbeat_timeout`` how 
 peer counts as alive. The waits derived from them (the feed server's holding limit, the
 feed's pacing, heartbeats ...) are functions here and rows of :data:`DERIVED_WAITS`, which
 docs/settings.md lists.
+
+A setting is declared once, as its row of :data:`SETTINGS`: keys, default, rule, meaning. The
+docstring of :class:`Settings`, docs/settings.md's table (:func:`markdown_table`) and
+``NodeConfig``'s fields with their defaults are made from it. Where mypy must see a real type,
+a typed declaration stays: a field of :class:`Settings` (what code may give), a key of
+``SettingKeywords`` (the same, as keyword arguments of ``run()``), and a field of
+:class:`Resolved`, or of :class:`NodeSettings` if the nodes need it (the value).
+``tests/unit/test_settings.py`` checks each against the table and names every place a new
+setting is still missing from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -60,8 +71,9 @@ __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
-    "Resolved",
     "DerivedWait",
+    "NodeSettings",
+    "Resolved",
     "Setting",
     "Settings",
     "check",
@@ -170,10 +182,10 @@ def _collective(raw: object) -> str:
 class Setting:
     """One knob: where it is read from, its default, and what a valid value is."""
 
-    name: str  #: keyword argument of ``run()``, field of :class:`Settings` and of ``NodeConfig``
+    name: str  #: keyword argument of ``run()``, field of :class:`Settings` and of :class:`Resolved`
     conf_key: str
     env: tuple[str, ...]  #: the documented variable first; later ones are older names still read
-    default: Any
+    default: Any  #: of the type of the value (the :class:`Resolved` field's), as ``parse`` returns it
     parse: Callable[[object], Any] = field(repr=False)
     valid: str  #: completes "<key> must be ..."
     meaning: str
@@ -315,13 +327,8 @@ class Settings:
 
     A field left at ``None`` is read from the Spark conf key, else the environment variable, else
     its default (see :data:`SETTINGS`); a given one wins over all three. Values are checked here,
-    so a bad one fails where it is written.
-
-    Parameters
-    ----------
-    server_host, server_port, feed_buffer_bytes, tensorboard_port, bind_host, heartbeat_timeout, \
-collective, legacy_keras, epoch_end_timeout, stream_stop_timeout, spare_processes : optional
-        One field per row of :data:`SETTINGS` (the settings doc); ``None`` = not given.
+    so a bad one fails where it is written. One field per row of :data:`SETTINGS`, which also
+    writes the Parameters of this docstring (``help(Settings)``).
 
     Examples
     --------
@@ -364,21 +371,66 @@ collective, legacy_keras, epoch_end_timeout, stream_stop_timeout, spare_processe
         return dataclasses.replace(self, **given) if given else self
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """The resolved value of every setting, and where each came from (see :data:`SETTINGS`)."""
+def _rst(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"``\1``", text)
+
+
+def _parameters(doc: str) -> str:
+    """``doc`` with a Parameters section, one entry per row of :data:`SETTINGS`, before its Examples."""
+    lines = ["Parameters", "----------"]
+    for s in SETTINGS:
+        env = " (or ".join(f"``{name}``" for name in s.env) + ")" * (len(s.env) - 1)
+        text = f"{s.meaning[:1].upper()}{s.meaning[1:]}: {s.valid}. Else read from ``{s.conf_key}``, then {env}"
+        given = Settings.__annotations__.get(s.name, "?")  # a row without its field: the test says where
+        lines.append(f"{s.name} : {given.removesuffix(' | None')}, optional")
+        lines += textwrap.wrap(
+            _rst(f"{text}; default: {s.describe_default()}."),
+            96,
+            initial_indent="    ",
+            subsequent_indent="    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return doc.replace("    Examples\n", "".join(f"    {line}\n" for line in lines) + "\n    Examples\n", 1)
+
+
+Settings.__doc__ = _parameters(Settings.__doc__ or "")
+
+
+def _default(name: str) -> Any:
+    """The default of setting ``name`` (:data:`SETTINGS`), for the typed field that takes it."""
+    return _BY_NAME[name].default
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    """The resolved settings ``NodeConfig`` carries (it inherits these fields): those the nodes
+    need, and the driver-side waits the driver's ``Cluster`` reads from its config. The
+    rendezvous server's and ``legacy_keras``, which ``run()`` turns into the nodes' choice, stay
+    in :class:`Resolved`. What each means and its default: its row of :data:`SETTINGS`."""
+
+    feed_buffer_bytes: int = _default("feed_buffer_bytes")
+    tensorboard_port: int = _default("tensorboard_port")  # 0: the node's TENSORBOARD_PORT, else a free port
+    bind_host: str = _default("bind_host")  # "": the node's advertised address
+    heartbeat_timeout: float = _default("heartbeat_timeout")
+    collective: str = _default("collective")  # the TF process's TFONSPARK_COLLECTIVE
+    epoch_end_timeout: float = _default("epoch_end_timeout")
+    stream_stop_timeout: float = _default("stream_stop_timeout")
+    spare_processes: bool = _default("spare_processes")
+
+
+#: The settings ``NodeConfig`` carries (:meth:`Resolved.node_fields`): the fields of :class:`NodeSettings`.
+CONFIG_SETTINGS = tuple(f.name for f in dataclasses.fields(NodeSettings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved(NodeSettings):
+    """The resolved value of every setting, and where each came from (see :data:`SETTINGS`): those
+    that travel to the nodes (:class:`NodeSettings`) and those that stay on the driver."""
 
     server_host: str
     server_port: str
-    feed_buffer_bytes: int
-    tensorboard_port: int
-    bind_host: str
-    heartbeat_timeout: float
-    collective: str
     legacy_keras: str
-    epoch_end_timeout: float
-    stream_stop_timeout: float
-    spare_processes: bool
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """name -> "the keyword argument", "the Spark conf", "the environment" or "the default"."""
 
@@ -393,19 +445,6 @@ class Resolved:
         known = all(name in self.sources for name in on_node)  # a Resolved made by hand may not know
         fields["defaulted"] = tuple(n for n in on_node if self.sources[n] == _DEFAULT) if known else None
         return fields
-
-
-#: The settings ``NodeConfig`` carries (:meth:`Resolved.node_fields`).
-CONFIG_SETTINGS = (
-    "feed_buffer_bytes",
-    "tensorboard_port",
-    "bind_host",
-    "heartbeat_timeout",
-    "collective",
-    "epoch_end_timeout",
-    "stream_stop_timeout",
-    "spare_processes",
-)
 
 
 class _Conf(Protocol):

@@ -8,6 +8,8 @@ import re
 import selectors
 import socket
 import threading
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -49,10 +51,128 @@ def _camel(name: str) -> str:
 # ---- the table ---------------------------------------------------------------------------------
 
 
-def test_the_table_and_the_resolved_settings_name_the_same_knobs():
-    fields = [f.name for f in dataclasses.fields(settings.Resolved) if f.name != "sources"]
-    assert fields == [s.name for s in SETTINGS] == list(VALUES)
-    assert [f.name for f in dataclasses.fields(settings.Settings)] == fields
+def _where(obj: object) -> str:
+    return str(Path(inspect.getsourcefile(obj)).relative_to(REPO))  # type: ignore[arg-type]
+
+
+def _show(hint: object) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+def _owner(cls: type, name: str) -> str:
+    """The class of ``cls``'s bases that declares field ``name`` (``NodeSettings`` for ``Resolved``'s shipped ones)."""
+    return next(c.__name__ for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
+
+
+def undeclared(table: Sequence[settings.Setting]) -> list[str]:
+    """What is missing or wrong where a setting of ``table`` must be typed, one line per fix.
+
+    A setting is declared once, as its row of ``SETTINGS``. Where mypy must see a real type the
+    typed declarations stay, and this is the one check that they agree with the table: a field of
+    ``Settings`` (the types code may give, or None), a key of ``SettingKeywords`` (the same, as
+    keyword arguments), and a field of ``Resolved`` (the default's type), which the settings the
+    nodes need take from ``NodeSettings``, the part ``NodeConfig`` inherits (never redeclares).
+    ``Settings``' docstring and docs/settings.md's table are made from the table."""
+    names = [s.name for s in table]
+    given, keywords = typing.get_type_hints(settings.Settings), typing.get_type_hints(SettingKeywords)
+    resolved = {k: v for k, v in typing.get_type_hints(settings.Resolved).items() if k != "sources"}
+    shipped = settings.CONFIG_SETTINGS  # what NodeConfig carries
+    node_defaults = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
+    doc = " ".join((settings.Settings.__doc__ or "").split())
+    here, kw_file = _where(settings), _where(SettingKeywords)
+    out: list[str] = []
+    for s in table:
+        kind, name = type(s.default), s.name
+        hint = given.get(name)
+        if hint is None:
+            out.append(f"{name}: add `{name}: {kind.__name__} | None = None` to class Settings ({here})")
+        elif not {kind, type(None)} <= set(typing.get_args(hint)):
+            out.append(f"{name}: Settings.{name} is `{_show(hint)}`; it must take None (not given) and {kind.__name__}")
+        elif dataclasses.fields(settings.Settings)[list(given).index(name)].default is not None:
+            out.append(f"{name}: Settings.{name} must default to None (not given)")
+        if name not in keywords:
+            out.append(
+                f"{name}: add `{name}: {_show(hint or kind.__name__ + ' | None')}` to class SettingKeywords ({kw_file})"
+            )
+        elif hint is not None and keywords[name] != hint:
+            out.append(
+                f"{name}: SettingKeywords.{name} is `{_show(keywords[name])}`, Settings.{name} `{_show(hint)}`: make them one"
+            )
+        elif name not in SettingKeywords.__optional_keys__:
+            out.append(f"{name}: SettingKeywords.{name} must be optional (total=False): a keyword may be left out")
+        if name not in resolved:
+            out.append(
+                f"{name}: add `{name}: {kind.__name__}` to class Resolved ({here}), or, if the nodes need it, "
+                f'`{name}: {kind.__name__} = _default("{name}")` to class NodeSettings there'
+            )
+        elif resolved[name] is not kind:
+            owner = _owner(settings.Resolved, name)
+            out.append(
+                f"{name}: {owner}.{name} is `{_show(resolved[name])}`, its default {s.default!r} a {kind.__name__}"
+            )
+        returns = typing.get_type_hints(s.parse).get("return")
+        if returns is not None and returns is not kind:
+            out.append(
+                f"{name}: its parser {s.parse.__qualname__} returns {_show(returns)}, its default a {kind.__name__}"
+            )
+        if s.on_node and name not in shipped:
+            out.append(f"{name}: it is read on the node (on_node=True): declare it in NodeSettings ({here})")
+        if name in shipped and name in NodeConfig.__dict__.get("__annotations__", {}):
+            out.append(
+                f"{name}: NodeConfig declares it again ({_where(NodeConfig)}): remove it, it inherits NodeSettings'"
+            )
+        if name in shipped and node_defaults.get(name) != s.default:
+            out.append(f"{name}: NodeConfig's default {node_defaults.get(name)!r} is not the table's {s.default!r}")
+        if f"{name} : " not in doc or " ".join(s.valid.split()) not in doc:
+            out.append(f"{name}: Settings' docstring does not describe it: it is made from SETTINGS at import ({here})")
+    for where, declared in (("Settings", given), ("SettingKeywords", keywords), ("Resolved", resolved)):
+        for name in declared:
+            if name not in names:
+                out.append(f"{name}: a field of {where} with no row in SETTINGS: add its row ({here}) or remove it")
+        if [n for n in declared if n in names] != [n for n in names if n in declared] and where != "Resolved":
+            out.append(f"the fields of {where} are not in the order of SETTINGS: {list(declared)}")
+    if (REPO / "docs" / "settings.md").read_text(encoding="utf-8").count(settings.markdown_table()) != 1:
+        out.append("docs/settings.md: paste `settings.markdown_table()` over its table of settings")
+    return out
+
+
+def test_a_setting_is_declared_once_and_every_typed_declaration_agrees_with_the_table():
+    missed = undeclared(SETTINGS)
+    if [s.name for s in SETTINGS] != list(VALUES):
+        missed.append(
+            f"VALUES ({_where(undeclared)}): one valid value per setting, in the table's order: {list(VALUES)}"
+        )
+    assert not missed, "\n".join(["settings declared in one place but not another:", *missed])
+
+
+def test_a_setting_added_to_the_table_only_is_told_every_place_to_add():
+    """What a developer who adds a row and nothing else reads (the check above, on a planted row)."""
+    row = settings.Setting(
+        "drain_timeout",
+        "spark.tfonspark.drainTimeout",
+        ("TFONSPARK_DRAIN_TIMEOUT",),
+        30.0,
+        next(s for s in SETTINGS if s.name == "heartbeat_timeout").parse,
+        "a number of seconds",
+        "seconds a node drains its feed",
+        on_node=True,
+    )
+    missed = undeclared((*SETTINGS, row))
+    told = [line for line in missed if line.startswith("drain_timeout: ")]
+    assert told == [line for line in missed if "drain_timeout" in line]  # the rest holds
+    assert any("`drain_timeout: float | None = None` to class Settings (src/tfonspark/settings.py)" in t for t in told)
+    assert any("`drain_timeout: float | None` to class SettingKeywords (src/tfonspark/" in t for t in told)
+    assert any("`drain_timeout: float` to class Resolved" in t for t in told)
+    assert any("declare it in NodeSettings" in t for t in told)
+    assert any("Settings' docstring does not describe it" in t for t in told)
+    assert len(told) == 5, told
+    dropped = undeclared(SETTINGS[1:])
+    assert (
+        "server_host: a field of Settings with no row in SETTINGS: add its row (src/tfonspark/settings.py) or remove it"
+        in dropped
+    )
+    assert any(line.startswith("server_host: a field of SettingKeywords with no row") for line in dropped)
+    assert any(line.startswith("server_host: a field of Resolved with no row") for line in dropped)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
