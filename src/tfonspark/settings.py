@@ -28,11 +28,11 @@ Each wait has one setting (or one argument) and one meaning: ``feed_timeout`` (a
 long a restartable ``train()`` waits for its last epoch to be read; ``stream_stop_timeout`` how
 long a graceful stop waits for a running micro-batch; ``heartbeat_timeout`` how long a silent
 peer counts as alive. The waits derived from them (the feed server's holding limit, the
-feed's pacing, heartbeats ...) are functions here and rows of :data:`DERIVED_WAITS`, which
-docs/settings.md lists.
+feed's pacing, heartbeats ...) are functions here, and rows of
+:data:`tfonspark.settings_doc.DERIVED_WAITS`, which docs/settings.md lists.
 
 A setting is declared once, as its row of :data:`SETTINGS`: keys, default, rule, meaning. The
-docstring of :class:`Settings`, docs/settings.md's table (:func:`markdown_table`) and
+docstring of :class:`Settings`, docs/settings.md's table (:mod:`tfonspark.settings_doc`) and
 ``NodeConfig``'s fields with their defaults are made from it. Where mypy must see a real type,
 a typed declaration stays: a field of :class:`Settings` (what code may give), a key of
 ``SettingKeywords`` (the same, as keyword arguments of ``run()``), and a field of
@@ -63,7 +63,6 @@ __all__ = [
     "DEFAULT_EPOCH_END_TIMEOUT",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_STREAM_STOP_TIMEOUT",
-    "DERIVED_WAITS",
     "FEED_FIRST_MESSAGE_SECS",
     "FEED_STARVED_SECS",
     "FEED_WAIT_WARNING_SECS",
@@ -71,18 +70,15 @@ __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "MIN_FEED_BUFFER_BYTES",
     "SETTINGS",
-    "DerivedWait",
     "NodeSettings",
     "Resolved",
     "Setting",
     "Settings",
     "check",
     "check_timeout",
-    "derived_waits_table",
     "feed_connect_timeout",
     "feed_hold_limit",
     "heartbeat_interval",
-    "markdown_table",
     "node_value",
     "pace_interval",
     "pace_quiet_limit",
@@ -568,72 +564,6 @@ FEED_STARVED_SECS = 2.0
 it: the driver then releases the Acks the other nodes hold."""
 
 
-@dataclass(frozen=True)
-class DerivedWait:
-    """A wait that is not a setting of its own: what it is, and how it follows from a setting."""
-
-    name: str
-    rule: str
-    meaning: str
-
-
-DERIVED_WAITS: tuple[DerivedWait, ...] = (
-    DerivedWait(
-        "feed connect",
-        f"min({FEED_FIRST_MESSAGE_SECS:.0f} s, `feed_timeout`)",
-        "a feed task's wait to connect to its node and authenticate",
-    ),
-    DerivedWait(
-        "first feed message",
-        f"{FEED_FIRST_MESSAGE_SECS:.0f} s",
-        "a node's wait for a new feed connection's first message",
-    ),
-    DerivedWait(
-        "pacing: `Pending`",
-        "`feed_timeout` / 4",
-        "while a node holds a training partition's Ack, how often it tells the feeder to wait on (`pace_interval`)",
-    ),
-    DerivedWait(
-        "pacing: quiet limit",
-        "`feed_timeout` / 2",
-        "a held Ack goes anyway after this long without map_fun reading (`pace_quiet_limit`); "
-        "before that, the driver releases it once every partition of the feed is handed out or "
-        "another data node starves",
-    ),
-    DerivedWait(
-        "room in the feed buffer",
-        "1.5 x `feed_timeout` + 5 s",
-        "a node's wait for room in its `feed_buffer_bytes` before it drops the feeder's partition, "
-        "after the feeder's own `feed_timeout` has reported it (`feed_hold_limit`)",
-    ),
-    DerivedWait(
-        "starving reader",
-        f"{FEED_STARVED_SECS:.0f} s",
-        "map_fun waiting this long for training data, with nothing queued or arriving, tells the "
-        "driver, which releases the Acks other nodes hold",
-    ),
-    DerivedWait(
-        "warning",
-        f"{FEED_WAIT_WARNING_SECS:.0f} s",
-        "any wait of the feed on a node this long is logged as a WARNING on the driver naming the "
-        "node, what it waits for and the setting",
-    ),
-    DerivedWait(
-        "heartbeat",
-        "min(5 s, `heartbeat_timeout` / 4)",
-        "how often the driver and each supervisor tell each other they are alive",
-    ),
-)
-"""Every wait derived from a setting (or fixed), as docs/settings.md lists them."""
-
-
-def derived_waits_table() -> str:
-    """The table of derived waits in docs/settings.md, made from :data:`DERIVED_WAITS`."""
-    rows = ["| wait | how long | what it is |", "| --- | --- | --- |"]
-    rows += [f"| {w.name} | {w.rule} | {w.meaning} |" for w in DERIVED_WAITS]
-    return "\n".join(rows) + "\n"
-
-
 def node_value(
     name: str,
     resolved: Any,
@@ -657,15 +587,3 @@ def node_value(
         return resolved
     found, value = _env_value(setting, os.environ if environ is None else environ, source)
     return value if found else resolved
-
-
-def markdown_table() -> str:
-    """The settings table of docs/settings.md, made from :data:`SETTINGS` (a test keeps them equal)."""
-    rows = [
-        "| keyword argument | Spark conf key | environment variable | default | meaning |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for s in SETTINGS:
-        env = " (or ".join(f"`{name}`" for name in s.env) + ")" * (len(s.env) - 1)
-        rows.append(f"| `{s.name}` | `{s.conf_key}` | {env} | {s.describe_default()} | {s.meaning} |")
-    return "\n".join(rows) + "\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tfonspark
-from tfonspark import settings
+from tfonspark import settings, settings_doc
 from tfonspark.config import NodeConfig
 from tfonspark.driver import plan as planning
 from tfonspark.driver.options import RunOptions, SettingKeywords
@@ -131,8 +131,8 @@ def undeclared(table: Sequence[settings.Setting]) -> list[str]:
                 out.append(f"{name}: a field of {where} with no row in SETTINGS: add its row ({here}) or remove it")
         if [n for n in declared if n in names] != [n for n in names if n in declared] and where != "Resolved":
             out.append(f"the fields of {where} are not in the order of SETTINGS: {list(declared)}")
-    if (REPO / "docs" / "settings.md").read_text(encoding="utf-8").count(settings.markdown_table()) != 1:
-        out.append("docs/settings.md: paste `settings.markdown_table()` over its table of settings")
+    if (REPO / "docs" / "settings.md").read_text(encoding="utf-8").count(settings_doc.markdown_table()) != 1:
+        out.append("docs/settings.md: paste `settings_doc.markdown_table()` over its table of settings")
     return out
 
 
@@ -459,7 +459,7 @@ def test_run_refuses_a_heartbeat_timeout_that_would_overflow_before_any_work_sta
 
 def test_the_settings_doc_lists_every_setting_in_one_table():
     doc = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
-    assert doc.count(settings.markdown_table()) == 1
+    assert doc.count(settings_doc.markdown_table()) == 1
 
 
 # ---- a user's value is never replaced silently (issue 43, item 5) -------------------------------
@@ -531,7 +531,7 @@ def test_an_explicit_driver_value_equal_to_the_default_is_not_replaced_on_the_no
 def test_the_settings_doc_lists_every_derived_wait():
     """Every wait that follows from a setting is named in docs/settings.md (issue 43, row 0)."""
     doc = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
-    assert doc.count(settings.derived_waits_table()) == 1
+    assert doc.count(settings_doc.derived_waits_table()) == 1
     assert settings.pace_interval(600) == 150 and settings.pace_quiet_limit(600) == 300
     assert settings.feed_hold_limit(600) == 905 and settings.feed_connect_timeout(10) == 10
     assert settings.heartbeat_interval(60) == 5 and settings.heartbeat_interval(8) == 2
