@@ -10,8 +10,8 @@ import pytest
 from pyspark.sql import types as T
 
 from tfonspark.errors import ConfigError, InputError
-from tfonspark.ml import inference
-from tfonspark.ml.inference import InputBinding, OutputBinding
+from tfonspark.ml import binding, inference
+from tfonspark.ml.binding import InputBinding, OutputBinding
 from tfonspark.ml.model_cache import ModelCache
 from tfonspark.ml.savedmodel import Signature, TensorSpec
 
@@ -85,7 +85,7 @@ def _schema(**columns: T.DataType) -> T.StructType:
 
 
 def test_bind_inputs_ignores_non_signature_tensors_and_accepts_port_suffix():
-    bound = inference.bind_inputs(SIGNATURE, {"img": "image:0", "w": "word", "label": "y_"}, ["img", "w"])
+    bound = binding.bind_inputs(SIGNATURE, {"img": "image:0", "w": "word", "label": "y_"}, ["img", "w"])
     assert bound == (
         InputBinding("img", "image", "float32", (None, 2, 2, 1)),
         InputBinding("w", "word", "string", (None,)),
@@ -94,7 +94,7 @@ def test_bind_inputs_ignores_non_signature_tensors_and_accepts_port_suffix():
 
 def test_bind_inputs_errors_name_what_is_missing():
     with pytest.raises(InputError) as info:
-        inference.bind_inputs(SIGNATURE, {"img": "image", "w": "word"}, ["image", "w"])
+        binding.bind_inputs(SIGNATURE, {"img": "image", "w": "word"}, ["image", "w"])
     assert (
         "names column 'img' (for signature input 'image') but the DataFrame has columns ['image', 'w']"
         in str(info.value)
@@ -106,36 +106,36 @@ def test_bind_inputs_errors_name_what_is_missing():
         r"input_mapping=\{'img': 'image'\}; signature inputs: "
         r"\['image: float32\[None, 2, 2, 1\]', 'word: string\[None\]'\]",
     ):
-        inference.bind_inputs(SIGNATURE, {"img": "image"}, ["img"])
+        binding.bind_inputs(SIGNATURE, {"img": "image"}, ["img"])
     odd = Signature("s", inputs=(TensorSpec("h", "resource", ()),), outputs=())
     with pytest.raises(
         ConfigError,
         match=r"signature input h: resource\[\] has a dtype no DataFrame "
         r"column can feed; supported: \['bfloat16'",
     ):
-        inference.bind_inputs(odd, {"c": "h"}, ["c"])
+        binding.bind_inputs(odd, {"c": "h"}, ["c"])
     with pytest.raises(ConfigError, match="signature 's' takes no inputs"):
-        inference.bind_inputs(Signature("s", inputs=(), outputs=()), {}, [])
+        binding.bind_inputs(Signature("s", inputs=(), outputs=()), {}, [])
     with pytest.raises(ConfigError, match="maps two columns to signature input 'word': 'a' and 'b'"):
-        inference.bind_inputs(SIGNATURE, {"a": "word", "b": "word:0", "img": "image"}, ["a", "b", "img"])
+        binding.bind_inputs(SIGNATURE, {"a": "word", "b": "word:0", "img": "image"}, ["a", "b", "img"])
 
 
 def test_bind_outputs_errors_name_outputs_and_columns():
     with pytest.raises(ConfigError, match=r"output_mapping is empty.*outputs: \['scalar: float32\[\]'"):
-        inference.bind_outputs(SIGNATURE, {}, [])
+        binding.bind_outputs(SIGNATURE, {}, [])
     with pytest.raises(
         ConfigError,
         match=r"output_mapping names 'dense', which is not an output of "
         r"signature 'serving_default'. Available outputs:",
     ):
-        inference.bind_outputs(SIGNATURE, {"dense": "out"}, [])
+        binding.bind_outputs(SIGNATURE, {"dense": "out"}, [])
     with pytest.raises(ConfigError, match=r"output column 'img' \(for output 'total'\) already exists"):
-        inference.bind_outputs(SIGNATURE, {"total": "img"}, ["img"])
+        binding.bind_outputs(SIGNATURE, {"total": "img"}, ["img"])
     with pytest.raises(ConfigError, match=r"output column 'o' \(for output 'total'\) already exists"):
-        inference.bind_outputs(SIGNATURE, {"grid": "o", "total": "o"}, [])
+        binding.bind_outputs(SIGNATURE, {"grid": "o", "total": "o"}, [])
     with pytest.raises(ConfigError, match=r"scalar: float32\[\] has no batch dimension"):
-        inference.bind_outputs(SIGNATURE, {"scalar": "s"}, [])
-    assert inference.bind_outputs(SIGNATURE, {"total:0": "t"}, ["x"]) == (
+        binding.bind_outputs(SIGNATURE, {"scalar": "s"}, [])
+    assert binding.bind_outputs(SIGNATURE, {"total:0": "t"}, ["x"]) == (
         OutputBinding("total", "t", "float32", (None,)),
     )
 
@@ -154,19 +154,19 @@ def test_bind_outputs_errors_name_outputs_and_columns():
     ],
 )
 def test_output_types_follow_dtype_and_shape(dtype, shape, expected):
-    assert inference.spark_type(TensorSpec("o", dtype, shape)) == expected
+    assert binding.spark_type(TensorSpec("o", dtype, shape)) == expected
 
 
 def test_output_types_refuse_what_a_column_cannot_hold():
     with pytest.raises(ConfigError, match=r"o: complex64\[None\] has a dtype no DataFrame column can hold"):
-        inference.spark_type(TensorSpec("o", "complex64", (None,)))
+        binding.spark_type(TensorSpec("o", "complex64", (None,)))
     with pytest.raises(ConfigError, match=r"o: float32\? has no batch dimension"):
-        inference.spark_type(TensorSpec("o", "float32", None))
+        binding.spark_type(TensorSpec("o", "float32", None))
 
 
 def test_plan_needs_an_export_dir_and_refuses_vector_columns(mixed_dir):
     with pytest.raises(ConfigError, match="needs export_dir. Received: export_dir=None"):
-        inference.plan_serving(
+        binding.plan_serving(
             _schema(),
             export_dir=None,
             tag_set=None,
@@ -178,7 +178,7 @@ def test_plan_needs_an_export_dir_and_refuses_vector_columns(mixed_dir):
     from pyspark.ml.linalg import VectorUDT
 
     with pytest.raises(InputError, match="vector_to_array.*column='x'"):
-        inference.plan_serving(
+        binding.plan_serving(
             _schema(x=VectorUDT()),
             export_dir=mixed_dir,
             tag_set=None,
@@ -252,7 +252,7 @@ def test_outputs_to_arrow_nests_per_dimension():
 
 def _mixed_plan(mixed_dir, batch_size):
     schema = _schema(img=T.ArrayType(T.DoubleType()), word=T.StringType(), n=T.LongType(), label=T.DoubleType())
-    return inference.plan_serving(
+    return binding.plan_serving(
         schema,
         export_dir=mixed_dir,
         tag_set="serve",
@@ -278,7 +278,7 @@ def _batch(start, stop):
 def test_serve_batches_appends_outputs_across_batch_boundaries(mixed_dir):
     ModelCache.clear()
     plan = _mixed_plan(mixed_dir, batch_size=3)
-    assert [f.name for f in inference.output_fields(plan)] == ["echo", "flag", "grid", "small", "total"]
+    assert [f.name for f in binding.output_fields(plan)] == ["echo", "flag", "grid", "small", "total"]
     first, empty, second = _batch(0, 7), _batch(0, 0), _batch(7, 9)
     out = list(inference.serve_batches(iter([first, empty, second]), plan))
     assert [b.num_rows for b in out] == [7, 0, 2]
@@ -358,7 +358,7 @@ def test_a_model_loaded_in_a_spark_task_is_frozen_out_of_the_gc(mixed_dir, monke
 
 def _pooled(mixed_dir, batch_size, rows):
     """The ``pooled`` signature (one output row per batch, not per row) and a batch of ``rows``."""
-    plan = inference.plan_serving(
+    plan = binding.plan_serving(
         _schema(x=T.ArrayType(T.FloatType())),
         export_dir=mixed_dir,
         tag_set=None,
@@ -378,7 +378,7 @@ def test_output_without_a_row_per_input_is_an_error(mixed_dir):
 
 def test_keras_model_exported_by_tfnode_serves_unchanged(keras_dir):
     schema = _schema(feat=T.ArrayType(T.DoubleType()), b=T.DoubleType())
-    plan = inference.plan_serving(
+    plan = binding.plan_serving(
         schema,
         export_dir=keras_dir,
         tag_set=None,
@@ -387,7 +387,7 @@ def test_keras_model_exported_by_tfnode_serves_unchanged(keras_dir):
         output_mapping={"y": "y", "z": "z"},
         batch_size=2,
     )
-    assert [(f.name, f.dataType) for f in inference.output_fields(plan)] == [
+    assert [(f.name, f.dataType) for f in binding.output_fields(plan)] == [
         ("y", T.ArrayType(T.FloatType(), False)),
         ("z", T.FloatType()),
     ]
@@ -418,7 +418,7 @@ def test_serve_arrays_is_the_arrow_udf_body(mixed_dir, keras_dir):
     (struct,) = inference.serve_arrays(iter(items), plan)
     assert struct.type.names == ["echo", "flag", "grid", "small", "total"]
     assert struct.field("total").to_pylist() == [0.0, 4.0, 8.0, 12.0, 16.0]
-    single = inference.plan_serving(
+    single = binding.plan_serving(
         _schema(x=T.ArrayType(T.FloatType())),
         export_dir=mixed_dir,
         tag_set=None,
@@ -447,7 +447,7 @@ def test_keras_model_exported_with_given_signatures_serves_by_key(tmp_path):
 
     path = str(tmp_path / "k")
     assert TFNode.export_saved_model(model, path, signatures={"predict": predict}) == path
-    plan = inference.plan_serving(
+    plan = binding.plan_serving(
         _schema(f=T.ArrayType(T.DoubleType())),
         export_dir=path,
         tag_set="serve",
@@ -478,7 +478,7 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
     )
     path = str(tmp_path / "export")
     assert export_saved_model(model, path) == path
-    plan = inference.plan_serving(
+    plan = binding.plan_serving(
         _schema(image=T.ArrayType(T.FloatType()), label=T.LongType()),
         export_dir=path,
         tag_set=None,
@@ -487,7 +487,7 @@ def test_saved_model_exported_like_the_mnist_examples_serves_unchanged(tmp_path)
         output_mapping={"output_0": "logits"},
         batch_size=2,  # 3 rows: two batches of the CNN, in one graph call
     )
-    assert [(f.name, f.dataType) for f in inference.output_fields(plan)] == [
+    assert [(f.name, f.dataType) for f in binding.output_fields(plan)] == [
         ("logits", T.ArrayType(T.FloatType(), False))
     ]
     images = np.random.default_rng(0).random((3, 784), dtype=np.float32)
@@ -518,7 +518,7 @@ def test_a_conv2d_model_is_never_served_an_empty_batch(tmp_path):
     module.model = model
     tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": serve})
     ModelCache.clear()
-    plan = inference.plan_serving(
+    plan = binding.plan_serving(
         _schema(img=T.ArrayType(T.FloatType())),
         export_dir=str(tmp_path),
         tag_set="serve",

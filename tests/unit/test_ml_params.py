@@ -229,6 +229,7 @@ def test_pipeline_module_is_the_tfos_face_of_ml():
     [
         "tfonspark.ml",
         "tfonspark.ml.params",
+        "tfonspark.ml.binding",
         "tfonspark.ml.inference",
         "tfonspark.ml.savedmodel",
         "tfonspark.ml.model_cache",

@@ -14,7 +14,7 @@
 Both are Spark ML stages (``Pipeline``-ready, ``save``/``load``; a saved stage holds no pickle
 unless saved with ``allow_pickle=True``, and loading never unpickles without the same opt-in). What ``fit`` hands to
 ``train_fn(args, ctx)`` is in :mod:`tfonspark.ml.estimator`; how columns bind to a signature in
-:mod:`tfonspark.ml.inference`. ``tfonspark.pipeline`` keeps the TFoS module name.
+:mod:`tfonspark.ml.binding`. ``tfonspark.pipeline`` keeps the TFoS module name.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ scalar-iterator Arrow UDF on Spark >= 4.1, so the other columns stay on the JVM;
 on older Spark) and go through the signature ``batch_size`` rows per call. The result schema
 comes from the signature, read on the driver, so ``transform`` starts no Spark job until the
 result is used. The binding rules (names, casts, reshapes, output types) are in
-:mod:`tfonspark.ml.inference`.
+:mod:`tfonspark.ml.binding`.
 
 Errors: what the driver can check (columns, signature, types) raises in ``transform``. A data
 error found on an executor (a null in a feature column, a row of the wrong length) fails the
@@ -38,7 +38,8 @@ from typing import Any
 from pyspark.ml import Model
 
 from ..wire.errors import captured
-from .inference import ServingPlan, output_fields, plan_serving, serve_arrays, serve_batches
+from .binding import ServingPlan, output_fields, plan_serving
+from .inference import serve_arrays, serve_batches
 from .params import (
     HasBatchSize,
     HasExportDir,
