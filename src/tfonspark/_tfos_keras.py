@@ -37,7 +37,7 @@ from typing import Any
 
 from . import settings
 from .errors import ConfigError
-from .executor.supervisor import ATTEMPT_ENV
+from .executor.spawn import ATTEMPT_ENV
 from .executor.tfos_env import LEGACY_KERAS_ENV
 from .importhook import AfterImport
 

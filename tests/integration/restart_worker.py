@@ -166,7 +166,7 @@ def main(job: Job, ctx: Any) -> None:
 
 
 def _is_spare() -> bool:
-    """Whether this process started as a spare (``python -c SPARE_CODE``), not ``-m ...entry``."""
+    """Whether this process started as a spare (``python -c WARM_CODE``), not ``-m ...entry``."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             return b"runpy.run_module" in f.read()

@@ -36,7 +36,8 @@ import tfonspark
 from tests.integration.port_intruder import Intruder
 from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
-from tfonspark.executor import supervisor as supervisor_module
+from tfonspark.executor import spare as spare_module
+from tfonspark.executor.relay import Relay
 from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
 from tfonspark.ports import reserve_port
@@ -291,16 +292,16 @@ def _config(**overrides) -> NodeConfig:
 
 def test_no_intruder_gets_the_port_of_an_adopted_spare(no_tensorflow, monkeypatch):
     gate, trials, won = no_tensorflow, 10, []
-    monkeypatch.setattr(supervisor_module, "SPARE_DELAY_SECS", 0.0)
+    monkeypatch.setattr(spare_module, "SPARE_DELAY_SECS", 0.0)
     seen: set[str] = set()
     for trial in range(trials):
         port_sock = reserve_port()  # the next attempt's supervisor's reservation
         port = port_sock.getsockname()[1]
         ready = m.ClusterReady("worker", 0, {"worker": [f"127.0.0.1:{port}"]})
         before = Supervisor(_config(keep_spare=True, cluster_id=f"row2-{os.getpid()}-{trial}"), 0, [], b"")
-        before._keep_spare(ready)  # the failed attempt's spare, as its supervisor keeps it
-        assert before._keeper is not None
-        assert wait_until(lambda b=before: os.path.exists(b._spare_paths()[0]), 30), "the keeper never listened"
+        before.spares.keep(ready, before.done)  # the failed attempt's spare, as its supervisor keeps it
+        assert before.spares.keeper is not None
+        assert wait_until(lambda b=before: os.path.exists(b.spares.paths()[0]), 30), "the keeper never listened"
         before._release_spare((1, "Traceback: the failure a restart follows"))
         after = Supervisor(_config(attempt=1, cluster_id=before.config.cluster_id), 0, [], _payload(gate))
         ends = socket.socketpair()
@@ -310,14 +311,14 @@ def test_no_intruder_gets_the_port_of_an_adopted_spare(no_tensorflow, monkeypatc
 
         def lives(sup=after, sock=port_sock, conn=conn, ready=ready, outcome=outcome) -> None:
             try:
-                outcome.append(sup._lives(conn, ready, "127.0.0.1", sock))
+                outcome.append(sup._lives(Relay(conn, 0), ready, "127.0.0.1", sock))
             except BaseException as exc:  # the port was taken: the adoption fails
                 outcome.append(exc)
 
         thread = threading.Thread(target=lives, daemon=True)
         try:
             reports = _through_a_handover(gate, port, thread.start, seen)
-            assert after.adopted or reports["started"]["took"], outcome  # the spare, not a new process, serves
+            assert after.spares.adopted or reports["started"]["took"], outcome  # the spare, not a new process, serves
         finally:
             if after.proc is not None and process_alive(after.proc.pid):
                 os.killpg(after.proc.pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ from tfonspark.driver.nodes import rendezvous
 from tfonspark.driver.nodes.rendezvous import RendezvousServer
 from tfonspark.driver.nodes.reports import KEEP_BYTES, KEEP_REPORTS, ReportLog
 from tfonspark.driver.nodes.roles import plan_roles
-from tfonspark.executor.supervisor import MAX_EVENT_BYTES
+from tfonspark.executor.relay import MAX_EVENT_BYTES
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m

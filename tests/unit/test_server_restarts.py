@@ -199,14 +199,18 @@ def test_only_a_serving_worker_killed_by_a_signal_restarts(job, code, restarts, 
     sup = _supervisor(job, restarts)
     if stop:
         sup.terminate(0)  # no TF process at that moment (between two): still no next one
-    assert not sup._may_restart(code)
+    assert not _may_restart(sup, code)
 
 
 def test_a_serving_worker_killed_by_a_signal_restarts_until_the_limit():
     sup = _supervisor("worker", 3)
-    assert sup._may_restart(-9)
-    sup.restarts = 3
-    assert not sup._may_restart(-9)  # spent
+    assert _may_restart(sup, -9)
+    sup.in_place.restarts = 3
+    assert not _may_restart(sup, -9)  # spent
+
+
+def _may_restart(sup: Supervisor, code: int) -> bool:
+    return sup.in_place.may_restart(code, sup.job_name, sup.life.stop_asked)
 
 
 # ---- the driver's side --------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from tests.waiting import wait_until
 from tfonspark.config import NodeConfig
 from tfonspark.driver.ending import finish, stop_now
 from tfonspark.driver.nodes.restarts import Attempts
+from tfonspark.executor.relay import Relay
 from tfonspark.executor.spare import Keeper, adopt, env_digest
-from tfonspark.executor.supervisor import Supervisor
+from tfonspark.executor.supervisor import Life, Supervisor
 from tfonspark.host import process_alive
 from tfonspark.wire import messages as m
 
@@ -120,7 +121,7 @@ def test_which_nodes_keep_a_spare(monkeypatch, job, keep, server_restarts, spark
         monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
     sup = Supervisor(_config(keep_spare=keep, server_restarts=server_restarts), 0, [], b"")
     sup.job_name = job
-    assert sup._wants_spare() is wanted
+    assert sup.spares.wanted(sup.job_name) is wanted
 
 
 @pytest.mark.parametrize("on", [True, False])
@@ -130,7 +131,7 @@ def test_spare_processes_off_keeps_neither_a_spare_nor_a_standby(monkeypatch, on
     server = Supervisor(_config(server_restarts=3, spare_processes=on), 0, [], b"")
     trainer.job_name = server.job_name = "worker"
     assert (trainer._successor(), server._successor()) == (("spare", "standby") if on else ("", ""))
-    trainer.restarts = 1  # a restart in place keeps no spare (only the first TF process does)
+    trainer.in_place.restarts = 1  # a restart in place keeps no spare (only the first TF process does)
     assert trainer._successor() == ""
 
 
@@ -148,10 +149,11 @@ def test_spare_processes_off_keeps_neither_a_spare_nor_a_standby(monkeypatch, on
 def test_a_spare_is_kept_only_after_a_failure(ended, executor_gone, kept) -> None:
     released: list[bool] = []
     sup = Supervisor(_config(keep_spare=True), 0, [], b"")
-    sup._keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))
-    sup.executor_gone = executor_gone
+    sup.spares.keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))  # type: ignore[assignment]
+    if executor_gone:
+        sup.life = Life.EXECUTOR_GONE
     sup._release_spare(ended)
-    assert released == [kept] and sup._keeper is None
+    assert released == [kept] and sup.spares.keeper is None
 
 
 @pytest.mark.parametrize(("final", "kept"), [(False, True), (True, False)])
@@ -159,12 +161,11 @@ def test_a_stop_for_good_discards_the_spare_at_once(pair, final, kept) -> None:
     """Stopped for another node's failure, the spare waits for the next attempt; stopped for good
     (``cluster.stop()``, the end: ``Stop(final=True)``), it goes now, not after its wait."""
     sup_end, drv_end = pair
-    sup = Supervisor(_config(keep_spare=True), 0, [], b"")
-    sup.terminate = lambda grace, force=False: None  # type: ignore[method-assign]
+    sup = Supervisor(_config(keep_spare=True), 0, [], b"")  # no TF process: nothing to signal
     released: list[bool] = []
-    sup._keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))
+    sup.spares.keeper = types.SimpleNamespace(release=lambda keep: released.append(keep))  # type: ignore[assignment]
     m.send_message(drv_end, m.Stop(2.0, final))
-    sup._listen(sup_end)  # returns once the Stop arrived
+    sup._obey_driver(Relay(sup_end, 0))  # returns once the Stop arrived
     sup._release_spare((-15, ""))  # its TF process ended by that Stop's SIGTERM
     assert released == [kept]
 
@@ -260,26 +261,26 @@ def test_an_adopted_spare_holds_the_reservation_itself(tmp_path, monkeypatch) ->
     passes to the spare: the same socket (inode) at its port_fd, bound all along."""
     import socket
 
-    from tfonspark.executor import supervisor as supervisor_module
+    from tfonspark.executor import spare as spare_module
     from tfonspark.ports import reserve_port
 
     fake = tmp_path / "fake"
     (fake / "tensorflow").mkdir(parents=True)
     (fake / "tensorflow" / "__init__.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(supervisor_module, "SPARE_DELAY_SECS", 0.0)
+    monkeypatch.setattr(spare_module, "SPARE_DELAY_SECS", 0.0)
     cluster = f"row2-unit-{os.getpid()}"
     reserved = reserve_port()
     port, inode = reserved.getsockname()[1], os.fstat(reserved.fileno()).st_ino
     ready = m.ClusterReady("worker", 0, {"worker": [f"127.0.0.1:{port}"]})
     before = Supervisor(_config(keep_spare=True, cluster_id=cluster), 0, [], b"")
-    before._keep_spare(ready)  # what the failed attempt's supervisor did
-    assert wait_until(lambda: os.path.exists(before._spare_paths()[0]), 20.0), "the keeper never listened"
+    before.spares.keep(ready, before.done)  # what the failed attempt's supervisor did
+    assert wait_until(lambda: os.path.exists(before.spares.paths()[0]), 20.0), "the keeper never listened"
     before._release_spare((1, "Traceback"))
     after = Supervisor(_config(attempt=1, cluster_id=cluster), 0, [], b"")
-    spare = after._adopt(ready, reserved)
+    spare = after.spares.adopt(ready, reserved)
     try:
-        assert spare is not None and after.adopted
+        assert spare is not None and after.spares.adopted
         assert reserved.fileno() == -1  # no copy of ours: the spare's server alone releases the port
         assert wait_until(lambda: _socket_inode(spare.pid, spare.port_fd) == inode, 20.0)
         for family, address in [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::1")]:

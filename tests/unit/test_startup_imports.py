@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from tfonspark.executor.supervisor import without_wheel_zips
+from tfonspark.executor.spawn import without_wheel_zips
 
 _HEAVY = ("numpy", "tensorflow", "pyspark", "pyspark.sql", "tfonspark.driver", "pyarrow", "pandas")
 

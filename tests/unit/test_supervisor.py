@@ -16,20 +16,20 @@ import sys
 import tempfile
 import threading
 import time
-import types
 
 import pytest
 
 from tests.waiting import wait_until
 from tfonspark.config import InputMode, NodeConfig
-from tfonspark.executor.supervisor import STATUS_PREFIX, Supervisor
+from tfonspark.executor.relay import Relay
+from tfonspark.executor.supervisor import Supervisor
 from tfonspark.host import process_alive
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess import entry
 from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
-from tfonspark.wire.bootstrap import write_bootstrap
+from tfonspark.wire.bootstrap import STATUS_PREFIX, write_bootstrap
 
 SECRET_HEX = "5a" * 32
 
@@ -57,8 +57,7 @@ def _feed_dirs() -> set[str]:
 
 def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
     sup_end, drv_end = pair
-    sup = Supervisor(_config(), 3, [], b"")
-    sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
+    relay = Relay(sup_end, 3)
     lines = [
         ev.to_line(ev.FeedSocket("/tmp/tfos-feed-x/feed.sock")),
         "not json at all\n",
@@ -70,10 +69,10 @@ def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
         ev.to_line(ev.ProcessError("Traceback: boom")),
     ]
     text = "".join(lines)
-    assert sup.data_path == ""
-    error = sup._relay_status(sup_end, io.StringIO(text))
+    assert relay.data_path == ""
+    error = relay.status(io.StringIO(text), 4242, [])
     assert error == "Traceback: boom"
-    assert sup.data_path == "/tmp/tfos-feed-x/feed.sock"
+    assert relay.data_path == "/tmp/tfos-feed-x/feed.sock"
     got = [m.recv_message(drv_end) for _ in range(2)]
     assert got[0] == ev.FeedStalled("f1", 4, timeout=9.0)
     assert got[1] == m.NodeUp(3, 4242, "10.0.0.7", 5555, "http://10.0.0.7:6006", "/tmp/tfos-feed-x/feed.sock")
@@ -87,11 +86,9 @@ def test_relay_forwards_feed_up_events_and_errors(pair, capsys):
 def test_relay_outlives_a_driver_that_is_gone(pair):
     sup_end, drv_end = pair
     drv_end.close()
-    sup = Supervisor(_config(), 0, [], b"")
-    sup.proc = types.SimpleNamespace(pid=1)  # type: ignore[assignment]
     lines = [ev.FeedTerminated(), ev.ProcessUp("h", 0), ev.ProcessError("tb")]
     status = io.StringIO("".join(ev.to_line(x) for x in lines))
-    assert sup._relay_status(sup_end, status) == "tb"  # no exception: _listen handles the loss
+    assert Relay(sup_end, 0).status(status, 1, []) == "tb"  # no exception: await_stop sees the loss
 
 
 # ---- heartbeats and the driver's deadline ---------------------------------------------------------
@@ -99,8 +96,8 @@ def test_relay_outlives_a_driver_that_is_gone(pair):
 
 def _listening(sup: Supervisor, conn: f.Connection) -> tuple[threading.Thread, list[float]]:
     stopped: list[float] = []
-    sup.terminate = lambda grace, force=False: stopped.append(grace)  # type: ignore[method-assign]
-    thread = threading.Thread(target=sup._listen, args=(conn,), daemon=True)
+    sup.terminate = lambda grace, force=False, why=None: stopped.append(grace)  # type: ignore[method-assign]
+    thread = threading.Thread(target=sup._obey_driver, args=(Relay(conn, 0),), daemon=True)
     thread.start()
     return thread, stopped
 
@@ -145,7 +142,8 @@ def test_listen_rejects_unexpected_messages(pair):
 def test_heartbeats_flow_until_the_node_exits(pair):
     sup_end, drv_end = pair
     sup = Supervisor(_config(heartbeat_secs=0.05), 0, [], b"")
-    thread = threading.Thread(target=sup._heartbeat, args=(sup_end,), daemon=True)
+    beats = (sup.config.heartbeat_secs, sup.done)
+    thread = threading.Thread(target=Relay(sup_end, 0).heartbeats, args=beats, daemon=True)
     thread.start()
     drv_end.settimeout(5)
     for _ in range(3):
@@ -159,7 +157,8 @@ def test_heartbeat_thread_ends_when_the_driver_is_gone(pair):
     sup_end, drv_end = pair
     drv_end.close()
     sup = Supervisor(_config(heartbeat_secs=0.02), 0, [], b"")
-    thread = threading.Thread(target=sup._heartbeat, args=(sup_end,), daemon=True)
+    beats = (sup.config.heartbeat_secs, sup.done)
+    thread = threading.Thread(target=Relay(sup_end, 0).heartbeats, args=beats, daemon=True)
     thread.start()
     thread.join(5)
     assert not thread.is_alive()
@@ -333,8 +332,8 @@ def test_tf_process_failing_before_map_fun_leaves_no_socket(driver, capsys):
     assert isinstance(exit_msg, m.NodeExit)
     assert exit_msg.exit_code == 1 and "ZeroDivisionError" in exit_msg.traceback
     assert fake.of(m.NodeUp) == []
-    assert sup.data_path.endswith("feed.sock")  # the early FeedSocket event reached the supervisor
-    assert not os.path.exists(os.path.dirname(sup.data_path))
+    assert sup.relay is not None and sup.relay.data_path.endswith("feed.sock")  # the early FeedSocket reached it
+    assert not os.path.exists(os.path.dirname(sup.relay.data_path))
     assert _feed_dirs() == before
     assert '"type":"task_exit"' in capsys.readouterr().out
 

@@ -16,7 +16,8 @@ import types
 import pytest
 
 from tfonspark.executor import supervisor as supervisor_module
-from tfonspark.executor.supervisor import MAX_EVENT_BYTES, MAX_STATUS_LINE, Supervisor
+from tfonspark.executor.relay import MAX_EVENT_BYTES, MAX_STATUS_LINE, Relay
+from tfonspark.executor.supervisor import Supervisor
 from tfonspark.testing import FakeDriver
 from tfonspark.tfprocess.report import MAX_REPORT_BYTES, report_payload
 from tfonspark.wire import events as ev
@@ -63,7 +64,7 @@ def test_a_tf_process_spawn_interrupted_by_anything_else_leaves_no_scratch_dir(m
     ready = m.ClusterReady("worker", 0, {"worker": ["127.0.0.1:1"]})
     with socket.socket() as port_sock, pytest.raises(KeyboardInterrupt):
         port_sock.bind(("127.0.0.1", 0))
-        sup._spawn(ready, "127.0.0.1", port_sock, 1)
+        sup.spawner.cold(ready, "127.0.0.1", port_sock, 1)
     assert glob.glob(str(tmp_path / "tfos-node-*")) == [] and sup.scratch == ""
 
 
@@ -79,8 +80,10 @@ def test_a_real_spawn_still_gets_its_scratch_dir(monkeypatch, tmp_path):
     sup = Supervisor(_config(), 0, [], b"")
     with socket.socket() as port_sock:
         port_sock.bind(("127.0.0.1", 0))
-        sup._spawn(m.ClusterReady("worker", 0, {"worker": ["127.0.0.1:1"]}), "127.0.0.1", port_sock, 1)
-    assert made[0]["TMPDIR"] == sup.scratch and os.path.isdir(sup.scratch)
+        _, scratch = sup.spawner.cold(
+            m.ClusterReady("worker", 0, {"worker": ["127.0.0.1:1"]}), "127.0.0.1", port_sock, 1
+        )
+    assert made[0]["TMPDIR"] == scratch and os.path.isdir(scratch)
 
 
 # ---- row 5: what the TF process writes is bounded before it is read, relayed or sent -------------
@@ -109,8 +112,7 @@ def _line(event_type: str, **fields) -> str:
 
 def _relay(pair, lines: list[str]) -> tuple[str, list[m.Message], _Status]:
     sup_end, drv_end = pair
-    sup = Supervisor(_config(), 2, [], b"")
-    sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
+    relay = Relay(sup_end, 2)
     status = _Status("".join(lines))
     got: list[m.Message] = []
 
@@ -121,7 +123,7 @@ def _relay(pair, lines: list[str]) -> tuple[str, list[m.Message], _Status]:
     drv_end.settimeout(10)
     reader = threading.Thread(target=driver, daemon=True)
     reader.start()
-    error = sup._relay_status(sup_end, status)
+    error = relay.status(status, 4242, [])
     m.send_message(sup_end, m.Heartbeat())  # the end of what was relayed
     reader.join(10)
     return error, got, status
@@ -133,7 +135,7 @@ def test_an_overlong_status_line_is_skipped_with_an_error_and_the_relay_goes_on(
     huge = _line("epoch_read", feed_id="f" * (5 * 1024 * 1024), epoch=0)
     after = ev.FeedStalled("f1", 1, timeout=9.0)
     lines = [huge, ev.to_line(after), _line("process_error", traceback="tb")]
-    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.relay"):
         error, got, status = _relay(pair, lines)
     assert got == [after]
     assert error == "tb"
@@ -146,7 +148,7 @@ def test_an_overlong_status_line_is_skipped_with_an_error_and_the_relay_goes_on(
 def test_an_event_over_max_event_bytes_is_dropped_with_an_error(pair, caplog):
     big = {"feed_id": "f" * (MAX_EVENT_BYTES + 1), "epoch": 0}  # within a status line, over an event
     lines = [_line("epoch_read", **big), _line("reported", metrics={"a": 1})]
-    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.relay"):
         error, got, _ = _relay(pair, lines)
     assert got == [ev.Reported({"a": 1})] and error == ""
     (record,) = caplog.records
@@ -171,7 +173,7 @@ def test_a_largest_report_line_reaches_the_driver(pair):
 
 def test_an_overlong_traceback_still_ends_the_relay(pair, caplog):
     lines = [_line("process_error", traceback="x" * (MAX_STATUS_LINE + 10)), _line("feed_terminated")]
-    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.relay"):
         error, got, _ = _relay(pair, lines)
     assert error == "" and got == [ev.FeedTerminated()]  # the driver shows the output tail instead
     assert "skipped a status line" in caplog.text
@@ -179,8 +181,7 @@ def test_an_overlong_traceback_still_ends_the_relay(pair, caplog):
 
 def test_a_last_line_without_a_newline_is_read():
     status = io.StringIO(_line("process_error", traceback="tb").rstrip("\n"))
-    sup = Supervisor(_config(), 2, [], b"")
-    assert sup._relay_status(None, status) == "tb"  # type: ignore[arg-type]
+    assert Relay(None, 2).status(status, 0, []) == "tb"  # type: ignore[arg-type]
 
 
 # ---- issue 43, row 7: a status line nested too deep to re-encode -----------------------------------
@@ -198,7 +199,7 @@ def test_a_status_line_nested_too_deep_is_skipped_and_the_relay_goes_on(pair, ca
     (``dataclasses.asdict``) raised RecursionError out of the relay: the node ended with it."""
     after = ev.Reported({"a": 1})
     lines = [_nested_line(depth)] * 12 + [ev.to_line(after), _line("process_error", traceback="tb")]
-    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="tfonspark.executor.relay"):
         error, got, _ = _relay(pair, lines)
     assert got == [after] and error == "tb"  # the relay went on past them
     skipped = [r.getMessage() for r in caplog.records]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..config import InputMode, NodeConfig
 from ..errors import ConfigError, ReservationTimeout
 from ..executor.gpus import requested_gpus
-from ..executor.supervisor import SERVER_RESTARTS
+from ..executor.restart_in_place import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
 from ..settings import Resolved, Settings, heartbeat_interval, resolve

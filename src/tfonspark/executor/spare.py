@@ -3,12 +3,12 @@
 After a node failure the driver restarts the whole cluster: every node gets a new supervisor
 and a fresh TF process, and importing TensorFlow in it was most of the recovery (8-12 s of
 14-21 s at load 12 on 2 cores). So while a restart may still follow (``NodeConfig.keep_spare``),
-each supervisor keeps a *spare*: a fresh TF process that has imported TensorFlow and waits for
-its bootstrap, as the in-place :class:`~.standby.Standby` does. Its parent is a small *keeper*
-process (no TensorFlow), not the supervisor, so that it outlives the supervisor of the failed
-attempt:
+each supervisor keeps a *spare*: a warm TF process (:mod:`.warm`) that has imported TensorFlow
+and waits for its port and bootstrap, as the standby of a restart in place does. Its parent is a
+small *keeper* process (no TensorFlow), not the supervisor, so that it outlives the supervisor
+of the failed attempt:
 
-* the keeper (``python -m tfonspark.executor.spare PATH``) spawns the spare, then listens on the
+* the keeper (``python -m tfonspark.executor.spare PATH``) starts the spare, then listens on the
   Unix socket ``PATH`` (in a directory only this user may enter: ``$TMPDIR/tfos-spares-UID``,
   or a private one beside it where another user made that name first), named by the cluster,
   the executor and the node;
@@ -17,20 +17,20 @@ attempt:
   discards the spare at once; with it, the keeper waits up to :data:`SPARE_WAIT_SECS` for the
   next attempt's supervisor on the same executor;
 * that supervisor connects (:func:`adopt`), receives the spare's pipes (``SCM_RIGHTS``), hands
-  the spare its reserved port's socket itself (:meth:`Adopted.give_port`: ``SCM_RIGHTS`` again,
+  the spare its reserved port's socket itself (``WarmProcess.give_port``: ``SCM_RIGHTS`` again,
   on the spare's stdin, a Unix socket; the spare puts it at its ``port_fd``), and writes the new
   attempt's environment (``TF_CONFIG``, ``TFONSPARK_ATTEMPT``) and the bootstrap. The
   reservation is passed, never closed and bound again, so no other process can take the port
   in between (issue 43: closing it first, then binding the spare's own socket, let another
   user's ``bind()`` take the port in 2-14 of 30 adoptions). The keeper
-  stays the spare's parent only to send its exit status (:class:`Adopted`), so a spare killed
+  stays the spare's parent only to send its exit status (:class:`Kept`), so a spare killed
   by a signal is reported as such; if the adopter goes, the keeper kills the spare.
 
-The spare is a new process that only imported TensorFlow, so every attempt still starts from a
-fresh TF process state. It costs one idle TF process (and its memory: about 700 MiB RSS, 300 MiB
-of it its own, on CPU) per node while a restart may follow, and competes for CPU while it
-imports, :data:`SPARE_DELAY_SECS` after the node's own TF process started. The
-``spare_processes`` setting (``NodeConfig.spare_processes``) off: no spare, nor a standby.
+The spare costs one idle TF process (and its memory: about 700 MiB RSS, 300 MiB of it its own,
+on CPU) per node while a restart may follow, and competes for CPU while it imports,
+:data:`SPARE_DELAY_SECS` after the node's own TF process started. The ``spare_processes``
+setting (``NodeConfig.spare_processes``) off: no spare, nor a standby. :class:`Spares` is a
+supervisor's side of it: keeping this node's spare, adopting the last attempt's.
 """
 
 from __future__ import annotations
@@ -51,19 +51,24 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
-from ..host import process_alive, remove_scratch
+from ..config import NodeConfig
+from ..host import executor_key, make_scratch, process_alive, remove_scratch
+from ..wire import messages as m
+from .restart_in_place import restarts_in_place
+from .spawn import Spawner
+from .warm import WarmProcess
 
 __all__ = [
-    "SPARE_CODE",
     "SPARE_DELAY_SECS",
+    "SPARE_JOBS",
     "SPARE_WAIT_SECS",
-    "Adopted",
     "Keeper",
+    "Kept",
+    "Spares",
     "adopt",
     "env_digest",
-    "receive_port",
     "spare_paths",
 ]
 
@@ -71,38 +76,13 @@ SPARE_WAIT_SECS = 20.0
 """How long a kept spare waits for the next attempt's supervisor after its own supervisor ended."""
 SPARE_DELAY_SECS = 2.0
 """How long after the node's TF process started its spare is started (not to slow its start-up)."""
+SPARE_JOBS = ("chief", "master", "worker")  # nodes that keep a spare for a cluster restart
 VOLATILE_ENV = ("TF_CONFIG", "TFONSPARK_ATTEMPT", "TMPDIR", "TMP", "TEMP")
 """What differs between the spare's environment and the adopter's: set anew (or kept: its temp dir)."""
 _POLL_SECS = 0.1
 _HELLO_BYTES = 64 * 1024
-_PORT_MESSAGE = b"P"  # what comes with the port's socket on a spare's stdin
 
 log = logging.getLogger(__name__)
-
-#: what a spare runs (``python -c SPARE_CODE PORT_FD label...``): TensorFlow and what every TF
-#: process imports (none reads the environment when imported), then its port's socket at
-#: ``PORT_FD`` (:func:`receive_port`), one line of environment (JSON) and the TF process's entry,
-#: which reads its bootstrap. EOF instead of either: discarded.
-SPARE_CODE = """\
-import json, os, runpy, sys
-import tfonspark.tfimport
-tfonspark.tfimport.prepare_tensorflow_import()
-import tensorflow
-import tfonspark.tfprocess.context, tfonspark.tfprocess.feedserver, tfonspark.tfprocess.hints  # what the entry imports
-from pyspark import cloudpickle
-from tfonspark.host import remove_scratch
-from tfonspark.executor.spare import receive_port
-line = sys.stdin.buffer.readline() if receive_port(int(sys.argv[1])) else b""
-if not line:
-    remove_scratch(os.environ.get("TMPDIR", ""))
-    sys.exit(0)
-os.environ.update(json.loads(line))
-try:
-    runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)
-except BaseException:
-    remove_scratch(os.environ.get("TMPDIR", ""))
-    raise
-"""
 
 
 def spare_paths(cluster_id: str, executor_key: str, node: int) -> list[str]:
@@ -152,31 +132,87 @@ def _private_dir(path: str) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
-def receive_port(port_fd: int, channel_fd: int = 0) -> bool:
-    """In a spare: wait for the adopting supervisor's port socket on ``channel_fd`` (its stdin, a
-    Unix socket) and put it at ``port_fd`` (the number its bootstrap names); False at EOF.
-
-    Reads exactly the one byte the socket comes with, so what follows (the environment line,
-    the bootstrap) stays for ``sys.stdin``.
-    """
-    channel = socket.socket(fileno=channel_fd)
-    try:
-        message, fds, _, _ = socket.recv_fds(channel, len(_PORT_MESSAGE), 1)
-    finally:
-        channel.detach()  # fd 0 stays open: the entry reads its bootstrap there
-    if message != _PORT_MESSAGE or len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        return False
-    os.dup2(fds[0], port_fd)
-    os.close(fds[0])
-    return True
-
-
 def env_digest(env: dict[str, str]) -> str:
     """A digest of ``env`` without :data:`VOLATILE_ENV`: a spare is adopted only where it matches."""
     kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+# ---- a supervisor's side: keeping this node's spare, adopting the last attempt's --------------
+class Spares:
+    """The spares of one node's supervisor: the keeper of its spare for the next attempt (while
+    one may follow), and whether its TF process is the previous attempt's spare (``adopted``)."""
+
+    def __init__(self, config: NodeConfig, executor_id: int, spawner: Spawner) -> None:
+        self.config = config
+        self.executor_id = executor_id
+        self.spawner = spawner
+        self.keeper: Keeper | None = None
+        self.adopted = False
+        self._lock = threading.Lock()
+
+    def wanted(self, job_name: str) -> bool:
+        """Whether this node keeps a spare TF process: a cluster restart may follow, it trains, and
+        the next attempt's node can find it (an executor known by its ``SPARK_LOCAL_DIRS``: ``host.executor_key``)."""
+        if not os.environ.get("SPARK_LOCAL_DIRS"):
+            return False
+        return self.config.keep_spare and not self.config.server_restarts and job_name in SPARE_JOBS
+
+    def paths(self) -> list[str]:
+        return spare_paths(self.config.cluster_id, executor_key(), self.executor_id)
+
+    def keep(self, ready: m.ClusterReady, done: threading.Event) -> None:
+        """A little after the TF process started, start the keeper of its spare (unless ``done``)."""
+        if done.wait(SPARE_DELAY_SECS):
+            return
+        scratch = make_scratch(self.config.cluster_id)
+        try:
+            keeper: Keeper | None = Keeper.start(
+                self.paths()[0], self.spawner.env(ready, scratch), self.spawner.label(ready)
+            )
+        except OSError as exc:  # no spare: a restart starts a new process, as without one
+            log.warning("tfonspark supervisor: cannot start a spare TF process: %s", exc)
+            remove_scratch(scratch)
+            return
+        with self._lock:
+            if not done.is_set():
+                self.keeper, keeper = keeper, None
+        if keeper is not None:
+            keeper.release(keep=False)
+
+    def release(self, keep: bool) -> None:
+        """Let go of the keeper: ``keep`` its spare for the next attempt, or discard it now."""
+        with self._lock:
+            keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.release(keep=keep)
+
+    def adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> WarmProcess | None:
+        """The previous attempt's spare on this executor, if one matches, holding our reservation.
+
+        ``port_sock`` itself goes to the spare (``WarmProcess.give_port``) and ours is closed:
+        the port is bound throughout. Where none is adopted, ``port_sock`` stays ours.
+        """
+        job = ready.job_name  # (a worker that restarts in place keeps its reservation: it keeps no spare either)
+        if not self.config.attempt or job not in SPARE_JOBS or restarts_in_place(self.config, job):
+            return None
+        try:
+            spare = adopt(self.paths(), env_digest(self.spawner.env(ready, "")))
+        except OSError as exc:
+            log.warning("tfonspark supervisor: cannot look for a spare TF process: %s", exc)
+            return None
+        if spare is None:
+            return None
+        try:
+            spare.give_port(port_sock)
+        except OSError as exc:
+            port = port_sock.getsockname()[1]
+            log.warning("tfonspark supervisor: cannot hand port %d to the spare TF process: %s", port, exc)
+            spare.discard()
+            return None
+        port_sock.close()  # the spare holds the reservation now (it is its own: no copy of ours may keep the port)
+        self.adopted = True
+        return spare
 
 
 # ---- the supervisor that starts a spare ------------------------------------------------------
@@ -211,21 +247,11 @@ class Keeper:
 
 # ---- the next attempt's supervisor -----------------------------------------------------------
 @dataclass
-class Adopted:
-    """A spare handed over by its keeper, looking like the ``Popen`` of a TF process.
-
-    ``stdin`` is our end of its stdin (a Unix socket: :meth:`give_port`), ``status_r`` our read
-    end of its status pipe, ``status_fd`` the write end as numbered in it, ``port_fd`` where its
-    port's socket goes in it, ``scratch`` its temp dir (ours to remove now).
-    """
+class Kept:
+    """An adopted spare's exit, as its keeper reports it on ``conn`` (a ``warm.Exit``): the
+    keeper stays its parent, so a spare killed by a signal is reported as such."""
 
     pid: int
-    stdin: IO[bytes]
-    stdout: IO[bytes]
-    status_r: int
-    status_fd: int
-    port_fd: int
-    scratch: str
     conn: socket.socket
     returncode: int | None = None
     ended: threading.Event = field(default_factory=threading.Event)
@@ -262,35 +288,15 @@ class Adopted:
         assert self.returncode is not None
         return self.returncode
 
-    def give_port(self, sock: socket.socket) -> None:
-        """Hand it ``sock``, our reserved port's socket, which it then holds at its ``port_fd``.
-
-        The socket itself passes (``SCM_RIGHTS``): still bound, with no moment where the port is
-        free. Once this returns the caller may close its copy. OSError where the spare is gone.
-        """
-        with socket.socket(fileno=os.dup(self.stdin.fileno())) as channel:
-            socket.send_fds(channel, [_PORT_MESSAGE], [sock.fileno()])
-
-    def set_env(self, env: dict[str, str]) -> None:
-        """Give it the new attempt's ``env`` (one JSON line); its bootstrap follows on the same stdin."""
-        with contextlib.suppress(OSError):
-            self.stdin.write(json.dumps(env).encode() + b"\n")
-
-    def discard(self) -> None:
+    def end(self) -> None:
         """Not used after all: closing the keeper connection makes the keeper kill it."""
         self.discarded = True
-        for stream in (self.stdin, self.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
-        with contextlib.suppress(OSError):
-            os.close(self.status_r)
         with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_RDWR)
         self.ended.wait(5.0)
-        remove_scratch(self.scratch)
 
 
-def adopt(paths: list[str], digest: str) -> Adopted | None:
+def adopt(paths: list[str], digest: str) -> WarmProcess | None:
     """The first spare of ``paths`` whose environment matches ``digest``, handed over; None if none."""
     for path in paths:
         spare = _take(path)
@@ -304,7 +310,7 @@ def adopt(paths: list[str], digest: str) -> Adopted | None:
     return None
 
 
-def _take(path: str) -> tuple[dict[str, Any], Adopted] | None:
+def _take(path: str) -> tuple[dict[str, Any], WarmProcess] | None:
     """Connect to the keeper at ``path`` and receive its spare, or None (no keeper there, or it refused)."""
     if not os.path.exists(path):
         return None
@@ -324,15 +330,16 @@ def _take(path: str) -> tuple[dict[str, Any], Adopted] | None:
         return None
     hello = json.loads(message)
     stdin_fd, stdout_fd, status_r = fds
-    adopted = Adopted(
-        pid=int(hello["pid"]),
+    pid = int(hello["pid"])
+    adopted = WarmProcess(
+        pid=pid,
         stdin=os.fdopen(stdin_fd, "wb"),
         stdout=os.fdopen(stdout_fd, "rb"),
         status_r=status_r,
         status_fd=int(hello["status_fd"]),
         port_fd=int(hello["port_fd"]),
         scratch=str(hello["scratch"]),
-        conn=conn,
+        exit=Kept(pid, conn),
     )
     return hello, adopted
 
@@ -361,62 +368,33 @@ def _listen(path: str) -> socket.socket:
 
 
 class _Spare:
-    """The keeper's side: the spare process, its stdin and pipes, and the listening socket.
-
-    The spare's stdin is a Unix socket (``control`` our end), so that its adopter can pass it the
-    port's socket; until then its ``port_fd`` holds ``/dev/null``, only to keep that number.
-    """
+    """The keeper's side: the spare (a warm TF process, its child) and the listening socket."""
 
     def __init__(self, path: str, label: list[str]) -> None:
-        self.path, self.scratch = path, os.environ.get("TMPDIR", "")
+        self.path = path
         self.listener = _listen(path)
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.port_fd = os.open(os.devnull, os.O_RDONLY)
-        self.status_r, status_w = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", SPARE_CODE, str(self.port_fd), *label],
-                stdin=theirs.fileno(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(self.port_fd, status_w),
-                start_new_session=True,
-            )
+            self.warm = WarmProcess.start(os.environ, label, os.environ.get("TMPDIR", ""))
         except BaseException:
-            os.close(self.status_r)
-            self.control.close()
             self.unlisten()
             raise
-        finally:
-            os.close(status_w)
-            os.close(self.port_fd)  # its number in the spare stays (inherited as numbered here)
-            theirs.close()
-        self.status_w = status_w  # its number in the spare (inherited as numbered here)
 
     def hand_over(self, conn: socket.socket) -> None:
         """Send the spare to ``conn``'s supervisor, then drop our copies of what it now holds."""
-        assert self.proc.stdout is not None
+        warm = self.warm
         hello = {
-            "pid": self.proc.pid,
-            "status_fd": self.status_w,
-            "port_fd": self.port_fd,
-            "scratch": self.scratch,
+            "pid": warm.pid,
+            "status_fd": warm.status_fd,
+            "port_fd": warm.port_fd,
+            "scratch": warm.scratch,
             "env": env_digest(dict(os.environ)),
         }
-        fds = [self.control.fileno(), self.proc.stdout.fileno(), self.status_r]
-        socket.send_fds(conn, [json.dumps(hello).encode()], fds)
-        self.control.close()
-        self.proc.stdout.close()
-        os.close(self.status_r)
+        socket.send_fds(conn, [json.dumps(hello).encode()], warm.ends())
+        warm.let_go()
 
     def discard(self) -> None:
         """Kill the spare (its group) if it runs, reap it, remove its temp dir and our socket."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.control.close()
-        remove_scratch(self.scratch)
+        self.warm.discard()
         self.unlisten()
 
     def unlisten(self) -> None:
@@ -436,7 +414,7 @@ def _owner_says(kept: float | None, wait: float) -> tuple[bool, float | None]:
 def _wait_for_adopter(spare: _Spare, wait: float) -> socket.socket | None:
     """Until the next attempt's supervisor connects (its connection), or the spare must go (None)."""
     owner, kept = True, None
-    while spare.proc.poll() is None:
+    while spare.warm.alive():
         if not owner and (kept is None or time.monotonic() > kept):
             return None
         listening = spare.listener.fileno()
@@ -457,17 +435,15 @@ def _peer_uid(conn: socket.socket) -> int:
     return int.from_bytes(creds[4:8], sys.byteorder)
 
 
-def _serve_exit(proc: subprocess.Popen[bytes], conn: socket.socket) -> None:
+def _serve_exit(warm: WarmProcess, conn: socket.socket) -> None:
     """After the hand-over: send the spare's exit status; if the adopter goes first, kill the spare."""
-    while proc.poll() is None:
+    while warm.alive():
         readable, _, _ = select.select([conn], [], [], _POLL_SECS)
         if readable and not conn.recv(64):  # the adopter is gone
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            warm.exit.end()
             return
     with contextlib.suppress(OSError):
-        conn.sendall(json.dumps({"code": proc.returncode}).encode() + b"\n")
+        conn.sendall(json.dumps({"code": warm.poll()}).encode() + b"\n")
     conn.close()
 
 
@@ -488,7 +464,7 @@ def keeper_main(argv: list[str]) -> int:
         spare.unlisten()
         if conn is not None:
             spare.hand_over(conn)
-            _serve_exit(spare.proc, conn)
+            _serve_exit(spare.warm, conn)
     finally:
         spare.discard()
     return 0

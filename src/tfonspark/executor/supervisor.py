@@ -1,117 +1,134 @@
-"""The supervisor: a small process (no TensorFlow) that owns one node's TF process.
+"""The supervisor: a small process (no TensorFlow) that owns one node's TF process, for its life.
 
-It reserves the node's port, registers with the driver, spawns the TF process, tees its output
-(keeping the tail for error reports), forwards its events (``ProcessUp`` as ``NodeUp``, each
-``NodeEvent`` as it is: :mod:`..wire.events`) and its exit, and stops the TF process when the
-driver says so, when the driver connection drops, or when the driver stays silent for
-``heartbeat_timeout`` (it sends a ``Heartbeat`` every ``heartbeat_secs``, and so do we, from
-``ClusterReady`` on). Because it, not the Spark task, is the TF process's parent, a TF process
-killed by a signal is still reported with its output tail, and its feed socket (announced by an
-early ``FeedSocket`` event) is removed. What the TF process writes is bounded before it is
-relayed: a status line by ``MAX_STATUS_LINE``, an event by
-``MAX_EVENT_BYTES`` (the driver holds every supervisor to the same limit).
+Its one job is that life cycle: it reserves the node's port, registers with the driver, starts
+the TF process (:mod:`.spawn`), follows it to its end and reports how it ended, and stops it
+when the driver says so, when the driver connection drops or falls silent for
+``heartbeat_timeout``, when its Spark executor exits, or on SIGTERM. Because it, not the Spark
+task, is the TF process's parent, a TF process killed by a signal is still reported with its
+output tail, and its feed socket is removed. What it does along the way has a module each:
 
-Run as ``python -m tfonspark.executor.supervisor --cluster ID --executor N``; the arguments only
-label the process for ``ps`` (and for tests that check nothing is left behind). The bootstrap
-arrives on stdin; status lines (``TFOS-STATUS`` and a ``TaskStatus`` event) go to stdout for the
-spawning task.
+* :mod:`.relay`: the TF process's events and output, the heartbeats, the driver's ``Stop``;
+* :mod:`.restart_in_place`: a worker that only serves, started again at its port when its server
+  dies, with its standby TF process;
+* :mod:`.spare`: a spare TF process kept for the next attempt of a whole-cluster restart, and
+  the adoption of the last attempt's;
+* :mod:`.warm`: the one kind of TF process started ahead (a standby, a spare).
+
+Its state is one value, :class:`Life`. Run as ``python -m tfonspark.executor.supervisor
+--cluster ID --executor N``; the arguments only label the process for ``ps`` (and for tests
+that check nothing is left behind). The bootstrap arrives on stdin; status lines
+(``TFOS-STATUS`` and a ``TaskStatus`` event) go to stdout for the spawning task.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
+import enum
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from typing import IO
 
 from ..config import NodeConfig
-from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
-from ..errors import ConfigError, ProtocolError
-from ..host import (
-    SCRATCH_PREFIX,
-    executor_key,
-    local_ip_towards,
-    process_alive,
-    remove_scratch,
-)
-from ..ports import reserve_port, seal_port
-from ..settings import COLLECTIVE_ENV
+from ..errors import ConfigError
+from ..host import executor_key, local_ip_towards, process_alive, remove_scratch
+from ..ports import reserve_port
 from ..wire import events as ev
 from ..wire import messages as m
-from ..wire.bootstrap import STATUS_PREFIX, read_bootstrap, write_bootstrap
+from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
-from . import tfos_env
-from .gpus import assign as assign_gpus
-from .gpus import cuda_env
-from .spare import SPARE_DELAY_SECS, Adopted, Keeper, adopt, env_digest, spare_paths
-from .standby import WARM_CODE, Standby, wait_accepting
+from .relay import Relay, task_status, tee
+from .restart_in_place import InPlace, restarts_in_place
+from .spare import Spares
+from .spawn import Spawner
+from .warm import WarmProcess
+
+__all__ = ["Life", "Supervisor", "main"]
 
 TAIL_LINES = 60
-MAX_EVENT_BYTES = 65 * 1024
-"""The largest ``NodeEvent`` a supervisor relays and the driver accepts, JSON-encoded as sent: a
-report of ``tfprocess.report.MAX_REPORT_BYTES`` (64 KiB) and its envelope (its type). The
-supervisor drops a larger one with an error in its log; so does the driver."""
-MAX_STATUS_LINE = 1024 * 1024
-"""The longest status line read from the TF process (an error's traceback is the longest one
-that is legitimate). A longer line is skipped, not read into memory, with an error in the log;
-a traceback that long still reaches the driver in the node's output tail."""
-ATTEMPT_ENV = "TFONSPARK_ATTEMPT"  # the TF process's ctx.attempt (0 = first start of the cluster)
-SERVER_RESTARTS = 3
-"""How many times a worker that only serves (``ps_cluster``, ``run(..., coordinator=True)``) is
-restarted in place at least; ``max_restarts`` raises it (``NodeConfig.server_restarts``)."""
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
-SPARE_JOBS = ("chief", "master", "worker")  # nodes that keep a spare for a cluster restart (executor/spare.py)
-_SKIP_CHUNK = 64 * 1024  # how an overlong status line is read past
-
-log = logging.getLogger(__name__)
 
 
-def _status(status: ev.TaskStatus) -> None:
-    """Tell the spawning Spark task what happened; it may have gone already (SPARK mode)."""
-    try:
-        sys.stdout.write(STATUS_PREFIX + ev.to_line(status))
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError, OSError):
-        pass
+class Life(enum.Enum):
+    """Where a node's life is: the supervisor's one state, changed only under its lock.
+
+    ::
+
+        JOINING --ClusterReady, the node's GPUs and Keras settled--> RUNNING
+        JOINING, RUNNING --a stop asked, no live TF process--> STOP_ASKED
+        RUNNING --a stop asked: SIGTERM to the TF process--> STOPPING
+        STOP_ASKED --a TF process started meanwhile, SIGTERM--> STOPPING
+        any stop --the driver's Stop(final=True)--> its FINAL_ twin
+        anything --the Spark executor exited--> EXECUTOR_GONE
+
+    In JOINING, SIGTERM ends the supervisor at once (nothing to clean up). From a stop asked on
+    no TF process follows (no restart in place, no standby). In STOPPING the TF process was sent
+    SIGTERM by us: its exit is reported as stopped, not as a failure. After a final stop, or
+    the executor's exit, no spare is kept for a next attempt; EXECUTOR_GONE is reported as a
+    failure, whoever stopped the TF process.
+    """
+
+    JOINING = "joining"
+    RUNNING = "running"
+    STOP_ASKED = "stop asked"
+    STOPPING = "stopping"
+    FINAL_STOP_ASKED = "final stop asked"
+    FINAL_STOPPING = "final stopping"
+    EXECUTOR_GONE = "executor gone"
+
+    @property
+    def stop_asked(self) -> bool:
+        return self not in (Life.JOINING, Life.RUNNING)
+
+    @property
+    def stopping(self) -> bool:
+        """The TF process was sent SIGTERM (or its executor is gone): not signalled again but by force."""
+        return self in (Life.STOPPING, Life.FINAL_STOPPING, Life.EXECUTOR_GONE)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the TF process's exit is reported as stopped (not a failure)."""
+        return self in (Life.STOPPING, Life.FINAL_STOPPING)
+
+    @property
+    def keeps_spare(self) -> bool:
+        return self not in (Life.FINAL_STOP_ASKED, Life.FINAL_STOPPING, Life.EXECUTOR_GONE)
+
+    def asked(self, why: Life, signalled: bool) -> Life:
+        """The state once a stop is asked: ``why`` is STOP_ASKED, FINAL_STOP_ASKED or
+        EXECUTOR_GONE; ``signalled``: the TF process is sent SIGTERM now."""
+        if Life.EXECUTOR_GONE in (self, why):
+            return Life.EXECUTOR_GONE
+        final = why is Life.FINAL_STOP_ASKED or self in (Life.FINAL_STOP_ASKED, Life.FINAL_STOPPING)
+        if signalled or self.stopping:
+            return Life.FINAL_STOPPING if final else Life.STOPPING
+        return Life.FINAL_STOP_ASKED if final else Life.STOP_ASKED
 
 
 class Supervisor:
+    """One node's life: start its TF process, follow it to its end, report the exit (module doc)."""
+
     def __init__(
         self, config: NodeConfig, executor_id: int, gpus: list[str], payload: bytes, executor_pid: int = 0
     ) -> None:
         self.config = config
-        self.executor_pid = executor_pid  # the Spark executor JVM: the node goes when it goes (0 = none)
-        self.executor_gone = ""  # why the TF process was stopped with its executor
         self.executor_id = executor_id
-        self.gpus = gpus
-        self.keras_env: dict[str, str] = {}  # executor/tfos_env.py's variables for the TF process
-        self.payload = payload
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.stopping = False
-        self.proc: subprocess.Popen[bytes] | Adopted | None = None
-        self.data_path = ""  # the TF process's feed socket, removed after it exits
+        self.executor_pid = executor_pid  # the Spark executor JVM: the node goes when it goes (0 = none)
+        self.spawner = Spawner(config, executor_id, gpus, payload)
+        self.in_place = InPlace(config)
+        self.spares = Spares(config, executor_id, self.spawner)
+        self.life = Life.JOINING
+        self.relay: Relay | None = None  # the driver connection's, once the driver sent the cluster
+        self.proc: subprocess.Popen[bytes] | WarmProcess | None = None
         self.scratch = ""  # the TF process's TMPDIR, removed after it exits
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.done = threading.Event()  # set once the TF process has exited (stops the heartbeats)
         self.job_name = ""  # the node's TF job, once the driver said it
-        self.restarts = 0  # how many times the TF process was restarted in place
-        self.stop_asked = False  # the driver, a signal or the executor's exit asked us to stop: no restart
-        self.stop_final = False  # the driver's Stop said no cluster restart follows: the spare goes at once
-        self._standby: Standby | None = None  # the next TF process of a worker that restarts in place
-        self._held: socket.socket | None = None  # the node's reservation, kept by a worker that restarts in place
-        self._keeper: Keeper | None = None  # the spare for the next attempt's node, while one may follow
-        self.adopted = False  # the TF process is the previous attempt's spare (executor/spare.py)
-        self.skipped = 0  # status lines from the TF process skipped (malformed, or nested too deep)
-        self._spawning = False
         self._lock = threading.Lock()
 
     def run(self) -> int:
@@ -135,297 +152,160 @@ class Supervisor:
         )
         reply = self._await_cluster(conn)
         if isinstance(reply, m.Reject):
-            _status(ev.TaskRejected(reply.reason))
+            task_status(ev.TaskRejected(reply.reason))
             return 2
         assert isinstance(reply, m.ClusterReady)
-        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True, name="tfos-heartbeat").start()
-        try:  # the node's GPUs (executor/gpus.py), its Keras; a node that cannot have them fails with the reason
-            self.gpus = assign_gpus(
-                self.gpus, self.config.num_gpus, reply.cluster_spec, reply.job_name, reply.task_index, os.environ
-            )
-            self.keras_env = tfos_env.env_changes(
-                self.config, os.environ
-            )  # legacy_keras=on without tf_keras fails here
+        relay = self.relay = Relay(conn, self.executor_id)
+        beats = (self.config.heartbeat_secs, self.done)
+        threading.Thread(target=relay.heartbeats, args=beats, daemon=True, name="tfos-heartbeat").start()
+        try:  # a node that cannot have its GPUs or its Keras fails with the reason
+            self.spawner.settle(reply)
         except ConfigError as exc:
-            return self._cannot_start(conn, exc)
-        self._spawning = True  # SIGTERM from now on stops the TF process instead of us
+            return self._cannot_start(relay, exc)
+        with self._lock:  # SIGTERM from now on stops the TF process instead of us
+            self.life = Life.RUNNING if self.life is Life.JOINING else self.life
         ended = None
         try:
-            ended = self._lives(conn, reply, host, port_sock)
+            ended = self._lives(relay, reply, host, port_sock)
         finally:
             self.done.set()  # stops the heartbeats
-            standby = self._take_standby()
+            standby = self.in_place.take_standby()
             if standby is not None:
                 standby.discard()
             try:  # the exit first: discarding a spare waits for it, and the node that failed first is named first
                 if ended is not None:
-                    self._report_exit(conn, *ended)
+                    self._report_exit(relay, *ended)
             finally:
                 self._release_spare(ended)
         return 0
 
     def _lives(
-        self, conn: Connection, ready: m.ClusterReady, host: str, port_sock: socket.socket
+        self, relay: Relay, ready: m.ClusterReady, host: str, port_sock: socket.socket
     ) -> tuple[int, str] | None:
-        """Run the TF process, and again at the same port while :meth:`_may_restart` allows it.
+        """Run the TF process, and again at the same port while a restart in place is due.
 
-        A worker that restarts in place keeps ``port_sock`` for its whole life (``_held``), so
-        the port is never free between two of its servers (``standby.py``). Returns how the last
-        one ended (exit code, traceback), or None where one could not start.
+        A worker that restarts in place keeps ``port_sock`` for its whole life
+        (``in_place.held``), so the port is never free between two of its servers. Returns how
+        the last one ended (exit code, traceback), or None where one could not start.
         """
-        standby = None
         self.job_name = ready.job_name
-        spare = self._adopt(ready, port_sock)
-        self._held = port_sock if self._holds_port() else None
+        warm = self.spares.adopt(ready, port_sock)
+        held = self.in_place.held = port_sock if restarts_in_place(self.config, ready.job_name) else None
         while True:
             try:
-                ended = self._life(conn, ready, host, port_sock, spare or standby)
-                spare = None
+                ended = self._life(relay, ready, host, port_sock, warm)
             finally:
-                if self._held is None:
+                if held is None:
                     port_sock.close()  # the TF process holds the reservation now; it alone releases it
-            if ended is None or not self._may_restart(ended[0]):
+            if ended is None or not self.in_place.may_restart(ended[0], self.job_name, self.life.stop_asked):
                 return ended
-            seal_port(port_sock)  # sealed already, unless the server died in its own start
-            died_at, standby = time.monotonic(), self._take_standby()
-            self.restarts += 1
-            watch = (conn, _task_address(ready), self.restarts, ended[0], died_at)
-            threading.Thread(target=self._announce_restart, args=watch, daemon=True, name="tfos-restart").start()
+            died_at, warm = time.monotonic(), self.in_place.restarted()
+            watch = (relay, ready, self.in_place.restarts, ended[0], died_at, self.done)
+            threading.Thread(target=self.in_place.announce, args=watch, daemon=True, name="tfos-restart").start()
 
     def _life(
-        self,
-        conn: Connection,
-        ready: m.ClusterReady,
-        host: str,
-        port_sock: socket.socket,
-        standby: Standby | Adopted | None,
+        self, relay: Relay, ready: m.ClusterReady, host: str, port_sock: socket.socket, warm: WarmProcess | None
     ) -> tuple[int, str] | None:
-        """Start one TF process holding ``port_sock`` (``standby``'s, if given) and follow it to its end.
-
-        Returns (exit code, traceback), or None where it could not be spawned (the node then
-        fails, saying why).
-        """
-        if isinstance(standby, Adopted):
-            return self._follow(conn, self._wake_spare(standby, ready, host), standby.status_r, ready, host)
-        if standby is not None:
-            return self._follow(conn, self._wake(standby, ready, host), standby.status_r, ready, host)
+        """Start one TF process holding ``port_sock`` (``warm``, which holds it already, if given)
+        and follow it to its end: (exit code, traceback), or None where it could not be spawned
+        (the node then fails, saying why)."""
+        if warm is not None:
+            self.proc, self.scratch = warm, warm.scratch
+            self.spawner.wake(warm, ready, host, self.spawner.attempt_env(ready))
+            return self._follow(relay, warm, warm.status_r, ready)
         status_r, status_w = os.pipe()
         try:
-            proc = self.proc = self._spawn(ready, host, port_sock, status_w)
+            proc, self.scratch = self.spawner.cold(ready, host, port_sock, status_w)
+            self.proc = proc
         except OSError as exc:  # EAGAIN/ENOMEM from fork, a missing interpreter: the node fails, saying why
             os.close(status_r)
-            self._cannot_start(conn, exc)
+            self._cannot_start(relay, exc)
             return None
         finally:
             os.close(status_w)
-        if port_sock is not self._held:
+        if port_sock is not self.in_place.held:
             port_sock.close()
-        return self._follow(conn, proc, status_r, ready, host)
+        return self._follow(relay, proc, status_r, ready)
 
     def _follow(
-        self,
-        conn: Connection,
-        proc: subprocess.Popen[bytes] | Adopted,
-        status_r: int,
-        ready: m.ClusterReady,
-        host: str,
+        self, relay: Relay, proc: subprocess.Popen[bytes] | WarmProcess, status_r: int, ready: m.ClusterReady
     ) -> tuple[int, str]:
         """Relay one TF process's events until it exits; then remove what it left behind."""
-        tee = threading.Thread(target=self._tee, args=(proc.stdout,), daemon=True)
+        teeing = threading.Thread(target=tee, args=(proc.stdout, self.tail), daemon=True)
         try:
-            if self.stop_asked:  # SIGTERM or Stop arrived while the TF process was being spawned
+            if self.life.stop_asked:  # SIGTERM or Stop arrived while the TF process was being spawned
                 self.terminate(2.0, force=True)
-            if not self.restarts:  # the first TF process: from now on the driver may stop it
-                self._start_watchers(conn)
-            successor = self._successor()
-            if self._held is not None:  # a worker that restarts in place: its port sealed, its standby
-                standby = successor == "standby"
-                threading.Thread(
-                    target=self._warm, args=(ready, host, standby), daemon=True, name="tfos-standby"
-                ).start()
-            elif successor == "spare":  # the next attempt's, should the cluster restart
-                threading.Thread(target=self._keep_spare, args=(ready,), daemon=True, name="tfos-spare").start()
-            tee.start()
+            if not self.in_place.restarts:  # the first TF process: from now on the driver may stop it
+                self._start_watchers(relay)
+            self._start_successor(ready)
+            teeing.start()
             with os.fdopen(status_r, "r", encoding="utf-8", errors="replace") as status:
-                error = self._relay_status(conn, status)
+                error = relay.status(status, proc.pid, self.spawner.gpus)
             code = proc.wait()
         finally:  # however we got here, the TF process and what it left behind go
             if proc.poll() is None:
                 self.terminate(2.0, force=True)
             proc.wait()
             _kill_group(proc.pid)  # children it left behind (TensorBoard, helpers)
-            remove_unix_socket(self.data_path)  # left behind if the TF process was killed
+            remove_unix_socket(relay.data_path)  # left behind if the TF process was killed
             remove_scratch(self.scratch)
-        tee.join(timeout=5)
+        teeing.join(timeout=5)
         return code, error
 
-    def _start_watchers(self, conn: Connection) -> None:
+    def _start_watchers(self, relay: Relay) -> None:
         """The threads that stop the TF process: the driver's Stop (or silence), the executor's exit."""
-        threading.Thread(target=self._listen, args=(conn,), daemon=True).start()
+        threading.Thread(target=self._obey_driver, args=(relay,), daemon=True).start()
         if self.executor_pid:
             threading.Thread(target=self._watch_executor, daemon=True, name="tfos-executor-watch").start()
 
-    def _report_exit(self, conn: Connection, code: int, error: str) -> None:
-        """Tell the driver and the spawning task how the (last) TF process ended."""
-        stopped = self.stopping and not self.executor_gone  # a lost executor is a failure, not a stop
-        error = f"{self.executor_gone}\n{error}".strip() if self.executor_gone else error
-        if self.restarts and not stopped:
-            error = f"{error}\n(its TF server had been restarted in place {self.restarts} time(s))".strip()
-        exit_msg = m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], stopped)
-        with contextlib.suppress(OSError):
-            m.send_message(conn, exit_msg)
-        _status(ev.TaskExit(code, stopped, error))
+    def _start_successor(self, ready: m.ClusterReady) -> None:
+        """Once the TF process runs: a worker that restarts in place seals its port once its
+        server accepts, and starts its standby; another may keep a spare for the next attempt."""
+        successor = self._successor()
+        if self.in_place.held is not None:
+            wanted = (ready, self.spawner, successor == "standby", self.done, self._wants_standby)
+            threading.Thread(target=self.in_place.serving, args=wanted, daemon=True, name="tfos-standby").start()
+        elif successor == "spare":  # the next attempt's, should the cluster restart
+            kept = (ready, self.done)
+            threading.Thread(target=self.spares.keep, args=kept, daemon=True, name="tfos-spare").start()
 
     def _successor(self) -> str:
         """The warm TF process kept for a restart of this one: ``"standby"`` (a worker restarting in
         place), ``"spare"`` (a cluster restart may follow) or ``""``: none, or ``spare_processes`` off."""
         if not self.config.spare_processes:
             return ""
-        if self._restartable():
+        if self.in_place.restartable(self.job_name):
             return "standby"
-        return "spare" if self._wants_spare() and not self.restarts else ""
+        return "spare" if self.spares.wanted(self.job_name) and not self.in_place.restarts else ""
 
-    # ---- restarts in place (the workers of a parameter-server cluster) ---------------------------
-    def _restartable(self) -> bool:
-        """Whether a death of the TF process could still be followed by a restart in place."""
-        return self.job_name == "worker" and self.restarts < self.config.server_restarts
+    def _wants_standby(self) -> bool:
+        return not self.life.stop_asked and not self.done.is_set()
 
-    def _may_restart(self, code: int) -> bool:
-        """Whether the TF process that just ended (``code``) restarts at its port.
-
-        Only a worker that only serves (``NodeConfig.server_restarts`` > 0: ``ps_cluster``,
-        ``run(..., coordinator=True)``), killed by a signal and not stopped, restarts: TF's
-        coordinator re-runs its closures once it accepts again. A ps's variables die with it,
-        and anything else runs user code: those fail as before.
-        """
-        if code >= 0 or self.stop_asked or self.executor_gone or self.job_name != "worker":
-            return False
-        if not self._restartable():
-            if self.config.server_restarts:
-                log.error("tfonspark supervisor: TF server died again after %d restart(s): giving up", self.restarts)
-            return False
-        return True
-
-    def _holds_port(self) -> bool:
-        """Whether the supervisor keeps the node's reservation across its TF processes: a worker
-        that restarts in place (it runs ``server.serve``: TF's server, never a user's ``bind``)."""
-        return self.job_name == "worker" and self.config.server_restarts > 0
-
-    def _warm(self, ready: m.ClusterReady, host: str, standby: bool) -> None:
-        """Once the TF server accepts: seal its port (``host.seal_port``), then, with ``standby``,
-        start its standby (if none waits yet)."""
-        if not wait_accepting(_task_address(ready), self.config.reservation_timeout, self.done):
-            return
-        held = self._held
-        if held is not None:
-            with contextlib.suppress(OSError):
-                seal_port(held)  # the TF process did, after its server start; a Python bind's does not
-        if not standby:
-            return
-        with self._lock:
-            if self._standby is not None or self.stop_asked:
-                return
-        try:
-            spawned: Standby | None = self._spawn_standby(ready, host)
-        except OSError as exc:  # no standby: a restart starts a new process, as without one
-            log.warning("tfonspark supervisor: cannot start a standby TF process: %s", exc)
-            return
-        with self._lock:
-            if self._standby is None and not self.stop_asked and not self.done.is_set():
-                self._standby, spawned = spawned, None
-        if spawned is not None:
-            spawned.discard()
-
-    def _take_standby(self) -> Standby | None:
-        """The standby, if one is alive (it then belongs to the caller)."""
-        with self._lock:
-            standby, self._standby = self._standby, None
-        if standby is not None and not standby.alive():
-            standby.discard()
-            return None
-        return standby
-
-    # ---- a spare for the next attempt (a whole-cluster restart: executor/spare.py) ---------------
-    def _wants_spare(self) -> bool:
-        """Whether this node keeps a spare TF process: a cluster restart may follow, it trains, and
-        the next attempt's node can find it (an executor known by its ``SPARK_LOCAL_DIRS``: ``host.executor_key``)."""
-        if not os.environ.get("SPARK_LOCAL_DIRS"):
-            return False
-        return self.config.keep_spare and not self.config.server_restarts and self.job_name in SPARE_JOBS
-
-    def _spare_paths(self) -> list[str]:
-        return spare_paths(self.config.cluster_id, executor_key(), self.executor_id)
-
-    def _keep_spare(self, ready: m.ClusterReady) -> None:
-        """A little after the TF process started, start the keeper of its spare (see :mod:`.spare`)."""
-        if self.done.wait(SPARE_DELAY_SECS):
-            return
-        scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")
-        label = ["--cluster", self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"]
-        try:
-            keeper: Keeper | None = Keeper.start(self._spare_paths()[0], self._tf_env(ready, scratch), label)
-        except OSError as exc:  # no spare: a restart starts a new process, as without one
-            log.warning("tfonspark supervisor: cannot start a spare TF process: %s", exc)
-            remove_scratch(scratch)
-            return
-        with self._lock:
-            if not self.done.is_set():
-                self._keeper, keeper = keeper, None
-        if keeper is not None:
-            keeper.release(keep=False)
+    def _report_exit(self, relay: Relay, code: int, error: str) -> None:
+        """Tell the driver and the spawning task how the (last) TF process ended."""
+        life = self.life
+        stopped = life.stopped  # a lost executor is a failure, not a stop
+        if life is Life.EXECUTOR_GONE:
+            gone = f"the node's Spark executor (JVM pid {self.executor_pid}) exited; its TF process was stopped with it"
+            error = f"{gone}\n{error}".strip()
+        if self.in_place.restarts and not stopped:
+            error = f"{error}\n(its TF server had been restarted in place {self.in_place.restarts} time(s))".strip()
+        relay.send(m.NodeExit(self.executor_id, code, error, "".join(self.tail)[-16000:], stopped))
+        task_status(ev.TaskExit(code, stopped, error))
 
     def _release_spare(self, ended: tuple[int, str] | None) -> None:
         """Keep the spare for the next attempt where this node failed or was stopped for another's
         failure (a restart may follow); else (done, stopped for good, executor gone) discard it now."""
-        with self._lock:
-            keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            failed = ended is not None and ended[0] != 0
-            keeper.release(keep=failed and not self.executor_gone and not self.stop_final)
+        failed = ended is not None and ended[0] != 0
+        self.spares.release(keep=failed and self.life.keeps_spare)
 
-    def _adopt(self, ready: m.ClusterReady, port_sock: socket.socket) -> Adopted | None:
-        """The previous attempt's spare on this executor, if one matches, holding our reservation.
-
-        ``port_sock`` itself goes to the spare (:meth:`~.spare.Adopted.give_port`) and ours is
-        closed: the port is bound throughout. Where none is adopted, ``port_sock`` stays ours.
-        """
-        if not self.config.attempt or ready.job_name not in SPARE_JOBS or self._holds_port():
-            return None  # (a worker that restarts in place keeps its reservation: it keeps no spare either)
-        try:
-            spare = adopt(self._spare_paths(), env_digest(self._tf_env(ready, "")))
-        except OSError as exc:
-            log.warning("tfonspark supervisor: cannot look for a spare TF process: %s", exc)
-            return None
-        if spare is None:
-            return None
-        try:
-            spare.give_port(port_sock)
-        except OSError as exc:
-            port = port_sock.getsockname()[1]
-            log.warning("tfonspark supervisor: cannot hand port %d to the spare TF process: %s", port, exc)
-            spare.discard()
-            return None
-        port_sock.close()  # the spare holds the reservation now (it is its own: no copy of ours may keep the port)
-        self.adopted = True
-        return spare
-
-    def _wake_spare(self, spare: Adopted, ready: m.ClusterReady, host: str) -> Adopted:
-        """Make the adopted ``spare`` the TF process: this attempt's environment, then its bootstrap."""
-        self.proc, self.scratch = spare, spare.scratch
-        tf_config = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
-        spare.set_env({TF_CONFIG_ENV: tf_config, ATTEMPT_ENV: str(self.config.attempt)})
-        self._bootstrap(spare, ready, host, spare.port_fd, spare.status_fd)
-        return spare
-
-    def _announce_restart(
-        self, conn: Connection, address: tuple[str, int], restart: int, code: int, died_at: float
-    ) -> None:
-        """Tell the driver (a ``ServerRestarted`` event) once the restarted server accepts, or gave up."""
-        accepting = wait_accepting(address, self.config.reservation_timeout, self.done)
-        down_s = round(time.monotonic() - died_at, 3)
-        event = ev.ServerRestarted(restart, self.config.server_restarts, code, down_s, accepting)
-        log.warning("tfonspark supervisor: TF server %s restarted in place: %s", self.job_name, event)
-        self._relay(conn, event)
+    def _obey_driver(self, relay: Relay) -> None:
+        """Stop the TF process at the driver's ``Stop``, or once the driver is gone."""
+        stop = relay.await_stop(self.config.heartbeat_timeout)
+        if stop is None:
+            self.terminate(0.0)
+        else:
+            self.terminate(stop.grace_secs, why=Life.FINAL_STOP_ASKED if stop.final else Life.STOP_ASKED)
 
     def _watch_executor(self) -> None:
         """Stop the TF process when the Spark executor it belongs to is gone (killed, lost, preempted).
@@ -435,16 +315,40 @@ class Supervisor:
         """
         while not self.done.wait(EXECUTOR_POLL_SECS):
             if not process_alive(self.executor_pid):
-                self.executor_gone = f"the node's Spark executor (JVM pid {self.executor_pid}) exited; its TF process was stopped with it"
-                self.terminate(2.0)
+                self.terminate(2.0, why=Life.EXECUTOR_GONE)
                 return
 
-    def _cannot_start(self, conn: Connection, error: Exception) -> int:
+    def terminate(self, grace: float, force: bool = False, why: Life = Life.STOP_ASKED) -> None:
+        """Ask the node to stop (``why``: :meth:`Life.asked`); SIGTERM the TF process group, SIGKILL
+        after ``grace`` seconds, unless another thread stops it already (``force``: anyway)."""
+        with self._lock:  # also between two TF processes of a restart: no next one
+            proc = self.proc
+            signalled = proc is not None and proc.poll() is None and (force or not self.life.stopping)
+            self.life = self.life.asked(why, signalled)
+        if not signalled or proc is None:
+            return
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=max(grace, 0.5))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+
+    def on_sigterm(self) -> None:
+        """SIGTERM (the node task gave up on us): stop the TF process, or exit if there is none yet.
+
+        Runs in the main thread between bytecodes: it takes no lock, the stop runs in a thread.
+        """
+        if self.life is Life.JOINING:  # registering or waiting for the cluster: nothing to clean up
+            task_status(ev.TaskFailed("stopped (SIGTERM) before the TF process started"))
+            os._exit(1)
+        threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
+
+    def _cannot_start(self, relay: Relay, error: Exception) -> int:
         """A node whose TF process cannot start ends as if it had failed at once, saying why."""
         text = f"{type(error).__name__}: {error}"
         self.done.set()  # stops the heartbeats
-        self._send(conn, m.NodeExit(self.executor_id, 1, text, "", False))
-        _status(ev.TaskExit(1, False, text))
+        relay.send(m.NodeExit(self.executor_id, 1, text, "", False))
+        task_status(ev.TaskExit(1, False, text))
         return 0
 
     def _await_cluster(self, conn: Connection) -> m.Message:
@@ -463,307 +367,6 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 conn.settimeout(None)
 
-    def _spawn(
-        self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
-    ) -> subprocess.Popen[bytes]:
-        # every temp file of the TF process (its feed socket, checkpoint scratch, TensorFlow's
-        # and the user's own) lands in one private directory that is removed when it exits
-        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")  # whose it is
-        try:
-            return self._start_tf_process(ready, host, port_sock, status_w)
-        except BaseException:  # no TF process: _run's clean-up never starts, so the directory goes here
-            remove_scratch(self.scratch)
-            self.scratch = ""
-            raise
-
-    def _start_tf_process(
-        self, ready: m.ClusterReady, host: str, port_sock: socket.socket, status_w: int
-    ) -> subprocess.Popen[bytes]:
-        env = self._tf_env(ready, self.scratch)
-        command = ["-m", "tfonspark.tfprocess.entry"]
-        proc = self._popen(command, ready, env, (port_sock.fileno(), status_w))
-        self._bootstrap(proc, ready, host, port_sock.fileno(), status_w)
-        return proc
-
-    def _tf_env(self, ready: m.ClusterReady, scratch: str) -> dict[str, str]:
-        """The TF process's environment: its ``TF_CONFIG``, temp dir, GPUs, Keras."""
-        env = dict(os.environ)
-        if "PYTHONPATH" in env:
-            env["PYTHONPATH"] = without_wheel_zips(env["PYTHONPATH"], sys.path)
-        env["TMPDIR"] = env["TMP"] = env["TEMP"] = scratch
-        env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
-        env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
-        env["PYTHONUNBUFFERED"] = "1"
-        env[ATTEMPT_ENV] = str(self.config.attempt)  # ctx.attempt, for code that has no ctx
-        env.update(self.keras_env)  # Keras 2 / TFoS import shims, where asked for
-        env.update(cuda_env(self.gpus, env))  # CUDA_VISIBLE_DEVICES="" on the CPU: TF must not take every GPU
-        return env
-
-    def _popen(
-        self, command: list[str], ready: m.ClusterReady, env: dict[str, str], fds: tuple[int, int]
-    ) -> subprocess.Popen[bytes]:
-        """Start a TF process (``python COMMAND``, labelled with the cluster and node) in its own session."""
-        label = ["--cluster", self.config.cluster_id[:12], "--node", f"{ready.job_name}:{ready.task_index}"]
-        return subprocess.Popen(
-            [sys.executable, *command, *label],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            pass_fds=fds,
-            start_new_session=True,
-        )
-
-    def _bootstrap(
-        self, proc: subprocess.Popen[bytes] | Adopted, ready: m.ClusterReady, host: str, port_fd: int, status_fd: int
-    ) -> None:
-        """Send the TF process its bootstrap: the node's header (descriptors as numbered in it) and payload."""
-        header = {
-            "config": self.config.to_json(),
-            "executor_id": self.executor_id,
-            "job_name": ready.job_name,
-            "task_index": ready.task_index,
-            "cluster_spec": ready.cluster_spec,
-            "host": host,
-            "port_fd": port_fd,
-            "status_fd": status_fd,
-            "working_dir": os.getcwd(),
-        }
-        assert proc.stdin is not None
-        with contextlib.suppress(OSError):  # if it died at once, its exit is reported as usual
-            write_bootstrap(proc.stdin, header, self.payload)  # stdin stays open: EOF = we died
-
-    def _spawn_standby(self, ready: m.ClusterReady, host: str) -> Standby:
-        """The next TF process, TensorFlow imported, waiting for its bootstrap (see :mod:`.standby`),
-        holding the node's reservation (``_held``) as its ``port_fd`` already."""
-        assert self._held is not None
-        port_fd = self._held.fileno()
-        scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{self.config.cluster_id[:12]}-")
-        status_r, status_w = os.pipe()
-        try:
-            proc = self._popen(["-c", WARM_CODE], ready, self._tf_env(ready, scratch), (port_fd, status_w))
-        except BaseException:
-            os.close(status_r)
-            remove_scratch(scratch)
-            raise
-        finally:
-            os.close(status_w)
-        return Standby(proc, port_fd, status_r, status_w, scratch)
-
-    def _wake(self, standby: Standby, ready: m.ClusterReady, host: str) -> subprocess.Popen[bytes]:
-        """Make ``standby`` (holding the port's reservation) the TF process: send it its bootstrap."""
-        self.proc, self.scratch = standby.proc, standby.scratch
-        self._bootstrap(standby.proc, ready, host, standby.port_fd, standby.status_fd)
-        return standby.proc
-
-    def _relay_status(self, conn: Connection, status: IO[str]) -> str:
-        """Forward the TF process's events to the driver; return the traceback it reports, if any.
-
-        Ends when the TF process exits (EOF on the status pipe). A driver that is gone is
-        handled by ``_listen``; sends that fail here are dropped. A malformed line is skipped,
-        and so is an event nested too deep to be encoded again for the driver (``metrics``
-        nested some 500-990 deep decode, then ``dataclasses.asdict`` raised RecursionError here,
-        which ended the relay and the node with it): the node goes on, with a rate-limited error.
-        """
-        error = ""
-        for line in _status_lines(status):
-            try:
-                event = ev.from_line(line, ev.FeedSocket, ev.ProcessUp, ev.ProcessError, ev.NodeEvent)
-            except ProtocolError as exc:
-                self._skipped(str(exc))
-                continue
-            try:
-                match event:
-                    case ev.FeedSocket(data_path=path):  # ours to remove if the TF process dies
-                        self.data_path = path
-                    case ev.ProcessUp():
-                        self._node_up(conn, event)
-                    case ev.NodeEvent():
-                        self._relay(conn, event)
-                    case ev.ProcessError(traceback=text):
-                        error = text
-            except RecursionError:
-                self._skipped(
-                    f"a {event.TYPE!r} event nested too deep to encode for the driver (RecursionError at "
-                    f"Python's recursion limit, {sys.getrecursionlimit()}); received: {line[:120]!r}..."
-                )
-        return error
-
-    def _skipped(self, why: str) -> None:
-        """Log a status line skipped for ``why``: the first 10, then 1 in 1,000 (the driver's rule)."""
-        self.skipped += 1
-        if self.skipped <= 10 or self.skipped % 1000 == 0:
-            log.error(
-                "tfonspark supervisor: skipped a status line from the TF process: %s. The node goes on "
-                "(%d skipped so far)",
-                why,
-                self.skipped,
-            )
-
-    def _node_up(self, conn: Connection, event: ev.ProcessUp) -> None:
-        """The TF process is ready: tell the driver where its feed listens, and the task that it runs."""
-        assert self.proc is not None
-        up = m.NodeUp(
-            self.executor_id,
-            self.proc.pid,
-            event.host,
-            event.data_port,
-            event.tensorboard_url,
-            event.data_path,
-            list(self.gpus),
-        )
-        self.data_path = up.data_path or self.data_path
-        self._send(conn, up)
-        _status(ev.TaskUp(self.proc.pid))
-
-    @staticmethod
-    def _relay(conn: Connection, event: ev.NodeEvent) -> None:
-        """Send one node event on to the driver, unless it is over ``MAX_EVENT_BYTES``."""
-        payload = m.encode(event)
-        if len(payload) > MAX_EVENT_BYTES:
-            log.error(
-                "tfonspark supervisor: dropped a %r event of %d bytes from the TF process; an event may "
-                "be at most %d bytes (MAX_EVENT_BYTES). Received: %r...",
-                event.TYPE,
-                len(payload),
-                MAX_EVENT_BYTES,
-                payload[:120].decode("utf-8", "replace"),
-            )
-            return
-        with contextlib.suppress(OSError, ProtocolError):
-            conn.send(payload)
-
-    @staticmethod
-    def _send(conn: Connection, message: m.Message) -> None:
-        with contextlib.suppress(OSError, ProtocolError):
-            m.send_message(conn, message)
-
-    def _tee(self, stream: IO[bytes] | None) -> None:
-        """Copy the TF process's output to our stderr (the executor log), keeping the tail."""
-        if stream is None:
-            return
-        out = sys.stderr.buffer
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            self.tail.append(line)
-            try:
-                out.write(raw)
-                out.flush()
-            except (OSError, ValueError):
-                pass
-
-    def _heartbeat(self, conn: Connection) -> None:
-        """Tell the driver we are alive every ``heartbeat_secs`` until the node exits."""
-        interval = self.config.heartbeat_secs
-        if interval <= 0:
-            return
-        while not self.done.wait(interval):
-            try:
-                m.send_message(conn, m.Heartbeat())
-            except (OSError, ProtocolError):
-                return  # the driver is gone: _listen stops the TF process
-
-    def _listen(self, conn: Connection) -> None:
-        """Wait for Stop from the driver. A dropped connection, or no message at all (the driver
-        sends heartbeats) within ``heartbeat_timeout``, means the driver is gone."""
-        grace = 0.0
-        timeout = self.config.heartbeat_timeout
-        try:
-            conn.settimeout(timeout if timeout > 0 else None)
-            while True:
-                msg = m.recv_message(conn, m.Stop, m.Heartbeat)
-                if isinstance(msg, m.Stop):
-                    grace, self.stop_final = msg.grace_secs, msg.final
-                    break
-        except (OSError, ProtocolError):  # socket.timeout is an OSError
-            pass
-        self.terminate(grace)
-
-    def terminate(self, grace: float, force: bool = False) -> None:
-        """SIGTERM the TF process group, SIGKILL after ``grace`` seconds."""
-        with self._lock:
-            self.stop_asked = True  # also between two TF processes of a restart: no next one
-            proc = self.proc
-            if proc is None or proc.poll() is not None:
-                return
-            if self.stopping and not force:
-                return  # another thread is stopping it
-            self.stopping = True
-        _kill_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=max(grace, 0.5))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-
-    def on_sigterm(self) -> None:
-        """SIGTERM (the node task gave up on us): stop the TF process, or exit if there is none.
-
-        Runs in the main thread between bytecodes, so it sees ``_spawning``/``proc`` consistent.
-        """
-        if not self._spawning:  # registering or waiting for the cluster: nothing to clean up
-            _status(ev.TaskFailed("stopped (SIGTERM) before the TF process started"))
-            os._exit(1)
-        if self.proc is None:  # being spawned: _follow stops it right after
-            self.stopping = self.stop_asked = True
-            return
-        threading.Thread(target=self.terminate, args=(2.0,), daemon=True).start()
-
-
-def without_wheel_zips(pythonpath: str, search: list[str]) -> str:
-    """``pythonpath`` without the pyspark.zip and py4j zip that Spark puts first where the pyspark
-    wheel holding them is installed on ``search`` (the TF process's own path): the same files.
-
-    Python compiles a zip's modules on every import (the zips hold no bytecode), which made
-    ``from pyspark import cloudpickle`` cost each TF process 1-2 s of its start-up; the installed
-    copies load from their cached bytecode.
-    """
-    kept = []
-    for entry in pythonpath.split(os.pathsep):
-        lib = os.path.dirname(entry)  # .../site-packages/pyspark/python/lib
-        installed = os.path.dirname(os.path.dirname(os.path.dirname(lib)))  # .../site-packages
-        name = os.path.basename(entry)
-        if lib.endswith(os.path.join("pyspark", "python", "lib")) and installed in search:
-            if name == "pyspark.zip" and os.path.isfile(os.path.join(installed, "pyspark", "__init__.py")):
-                continue
-            version = name[len("py4j-") : -len("-src.zip")]
-            if name.startswith("py4j-") and os.path.isdir(os.path.join(installed, f"py4j-{version}.dist-info")):
-                continue
-        kept.append(entry)
-    return os.pathsep.join(kept)
-
-
-def _status_lines(status: IO[str]) -> Iterator[str]:
-    """The TF process's status lines; one longer than ``MAX_STATUS_LINE`` is skipped with an error.
-
-    An overlong line is read past in chunks, so it never sits in memory whole.
-    """
-    while True:
-        line = status.readline(MAX_STATUS_LINE + 1)
-        if not line:
-            return
-        if len(line) <= MAX_STATUS_LINE:
-            yield line
-            continue
-        head, size = line[:120], len(line)
-        while not line.endswith("\n"):
-            line = status.readline(_SKIP_CHUNK)
-            if not line:
-                break
-            size += len(line)
-        log.error(
-            "tfonspark supervisor: skipped a status line of %d characters from the TF process; a status line "
-            "may be at most %d (MAX_STATUS_LINE). Received: %r...",
-            size,
-            MAX_STATUS_LINE,
-            head,
-        )
-
-
-def _task_address(ready: m.ClusterReady) -> tuple[str, int]:
-    """Where this node's server is reached: its address in the cluster spec."""
-    host, _, port = ready.cluster_spec[ready.job_name][ready.task_index].rpartition(":")
-    return host.strip("[]"), int(port)
-
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -777,7 +380,7 @@ def main() -> int:
         # driver resolved their default; a bad one fails the node before it registers
         config = NodeConfig.from_json(header["config"]).on_node()
     except Exception as exc:
-        _status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
+        task_status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     supervisor = Supervisor(
         config,
@@ -790,7 +393,7 @@ def main() -> int:
     try:
         return supervisor.run()
     except Exception as exc:  # report anything to the task that spawned us, then fail
-        _status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
+        task_status(ev.TaskFailed(f"{type(exc).__name__}: {exc}"))
         return 1
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from ... import settings
 from ...errors import ConfigError, ProtocolError
-from ...executor.supervisor import MAX_EVENT_BYTES
+from ...executor.relay import MAX_EVENT_BYTES
 from ...host import is_wildcard
 from ...wire import events as ev
 from ...wire import messages as m
