@@ -17,7 +17,9 @@ their door in :mod:`tfonspark.distribute`.
 from __future__ import annotations
 
 from .distribute.checkpoint import export_saved_model
-from .distribute.keras_fit import DEFAULT_CHECKPOINT_EVERY_STEPS, DatasetFn, DistributedTrainer, Progress, fit
+from .distribute.keras_fit import fit
+from .distribute.keras_fit.epoch_input import DatasetFn
+from .distribute.keras_fit.trainer import DEFAULT_CHECKPOINT_EVERY_STEPS, DistributedTrainer, Progress
 from .distribute.sidecar import sidecar_evaluate
 
 __all__ = [
