@@ -175,7 +175,7 @@ def test_the_driver_stops_for_good_only_where_no_restart_follows() -> None:
     gang = types.SimpleNamespace(
         check=lambda: None,
         closed=False,
-        server=types.SimpleNamespace(nodes={}),
+        nodes=lambda: [],  # the control plane's node table: no evaluator to stop first
         teardown=lambda grace_secs, final=False: finals.append(final),
     )
     streams = types.SimpleNamespace(join=lambda timeout: None, finish=lambda ssc, timeout: (True, None))

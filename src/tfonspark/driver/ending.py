@@ -64,7 +64,7 @@ def _stop_the_rest(attempts: Attempts, streams: Streams, grace_secs: float) -> N
         attempts.gang.check()
     except NodeFailed as error:
         raise attempts.give_up(error) from None
-    finish_evaluators(attempts.gang.server, grace_secs)  # first, with its own grace: its last evaluation
+    finish_evaluators(attempts.gang, grace_secs)  # first, with its own grace: its last evaluation
     attempts.gang.teardown(grace_secs=max(grace_secs, 2.0), final=True)
     streams.join(30)
 
@@ -74,7 +74,7 @@ def stop_now(attempts: Attempts, streams: Streams, grace_secs: float) -> None:
     gang = attempts.gang
     try:
         gang.check()  # a failure: torn down at once, and raised
-        finish_evaluators(gang.server, grace_secs)  # a sidecar evaluator's last evaluation, with its grace
+        finish_evaluators(gang, grace_secs)  # a sidecar evaluator's last evaluation, with its grace
     finally:
         gang.teardown(grace_secs=grace_secs, final=True)
         streams.join(30)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import NodeFailed
-from ..nodes.gang import Gang
+from ..nodes.plane import ControlPlane
 from ..nodes.rendezvous import NodeState
 from ..nodes.restarts import Attempts
 from .feeding import Feeds, check_num_epochs
@@ -58,28 +58,28 @@ def train_epochs(
             log.info("re-feeding epochs %d-%d of %d after the restart", epoch + 1, num_epochs, num_epochs)
 
 
-def await_read_through(gang: Gang, feed_id: str, epoch: int, timeout: float) -> None:
+def await_read_through(plane: ControlPlane, feed_id: str, epoch: int, timeout: float) -> None:
     """Wait until every data node has read ``epoch`` of a train feed to its end (or has finished).
 
     Gives up, with a warning, once no node has read an epoch mark or reported anything for
     ``timeout`` seconds (a ``map_fun`` that stopped reading): the data was delivered.
     """
-    names, server = gang.data_nodes(), gang.server
+    names = plane.data_nodes()
 
     def read(nodes: Iterable[NodeState]) -> bool:
         done = {n.role.name for n in nodes if n.finished or n.feed_ended}
-        done |= {name for name, last in gang.marks_read(feed_id).items() if last >= epoch}
+        done |= {name for name, last in plane.marks_read(feed_id).items() if last >= epoch}
         return names <= done
 
     progress = -1
-    while not server.wait_for(read, timeout):
-        gang.check()
-        if server.event_count == progress:
+    while not plane.wait_for(read, timeout):
+        plane.check()
+        if plane.event_count == progress:
             log.warning(
                 "train(): the data nodes have not read the last epoch to its end after epoch_end_timeout=%.0fs "
                 "without progress; a node failing now restarts without it being fed again",
                 timeout,
             )
             return
-        progress = server.event_count
-    gang.check()
+        progress = plane.event_count
+    plane.check()

@@ -1,6 +1,8 @@
 """One start of a cluster's nodes (an attempt): its rendezvous server, node launches and event watcher.
 
-A :class:`~tfonspark.driver.cluster.Cluster` holds one :class:`Gang` at a time; a restart
+The gang is the control plane of its attempt (:class:`~tfonspark.driver.nodes.plane.ControlPlane`):
+the rest of the driver asks it, never its server. A :class:`~tfonspark.driver.cluster.Cluster`
+holds one :class:`Gang` at a time; a restart
 (:class:`~tfonspark.driver.nodes.restarts.Attempts`) tears it down and forms the next. The gang starts
 the nodes, answers what the feed jobs and streams ask about them (through :class:`LiveNodes`,
 which always asks the running gang), raises :func:`node_failed` after tearing down on a node
@@ -311,7 +313,39 @@ class Gang:
             return "every data node has finished", True
         return "", True
 
-    # ---- what the cluster asks -----------------------------------------------------------------
+    # ---- the control plane (plane.ControlPlane): what the cluster, feeds and services ask ---------
+    def nodes(self) -> list[NodeState]:
+        """Every node's state, in executor-id order."""
+        return list(self.server.nodes.values())
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """The cluster spec every node was given (the driver's own tasks too); ``{}`` until formed."""
+        spec = self.server.cluster_spec
+        return {job: list(hosts) for job, hosts in spec.items()} if spec else {}
+
+    def failures(self) -> list[NodeState]:
+        """The nodes that failed, now."""
+        return self.server.failures()
+
+    @property
+    def event_count(self) -> int:
+        """Node events the server accepted so far."""
+        return self.server.event_count
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the cluster's streams to stop (``Cluster.request_stop``, a stop file's request)."""
+        self.server.request_stop(reason)
+
+    def stop_node(self, node: NodeState, grace_secs: float, final: bool = False) -> None:
+        """Ask ``node``'s supervisor to stop its TF process; no-op once it has gone."""
+        self.server.stop_node(node, grace_secs, final)
+
+    def wait_for(
+        self, predicate: Callable[[Iterable[NodeState]], object], timeout: float | None, until_failure: bool = True
+    ) -> bool:
+        """Wait until ``predicate(nodes)`` holds or (``until_failure``) a node fails; whether it holds."""
+        return self.server.wait_for(predicate, timeout, until_failure)
+
     def data_nodes(self) -> set[str]:
         """The names (``"worker:0"``) of the nodes that take data."""
         return {r.name for r in self.roles if r.job_name in DATA_ROLES}

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from .rendezvous import NodeState, RendezvousServer
+from .plane import ControlPlane
+from .rendezvous import NodeState
 
 __all__ = ["EVALUATOR_GRACE_SECS", "finish_evaluators"]
 
@@ -29,17 +30,17 @@ def _evaluators(nodes: Iterable[NodeState]) -> list[NodeState]:
     return [n for n in nodes if n.role.job_name == "evaluator"]
 
 
-def finish_evaluators(server: RendezvousServer, grace_secs: float) -> None:
+def finish_evaluators(plane: ControlPlane, grace_secs: float) -> None:
     """Stop the running evaluator nodes (SIGTERM, SIGKILL after at least ``EVALUATOR_GRACE_SECS``)
     and wait for them to exit; a no-op without one. An evaluator that ends badly is logged: the
     cluster's training result stands."""
-    running = [n for n in _evaluators(server.nodes.values()) if n.address and not n.finished]
+    running = [n for n in _evaluators(plane.nodes()) if n.address and not n.finished]
     if not running:
         return
     grace = max(grace_secs, EVALUATOR_GRACE_SECS)
     for node in running:
-        server.stop_node(node, grace)
-    done = server.wait_for(
+        plane.stop_node(node, grace)
+    done = plane.wait_for(
         lambda nodes: all(n.finished for n in _evaluators(nodes)), grace + _MARGIN_SECS, until_failure=False
     )
     for node in running:
