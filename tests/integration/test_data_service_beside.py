@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import tfonspark
-from tfonspark.driver.services import beside
+from tfonspark.driver.services import data_service
 from tfonspark.tfprocess.server import servers_accepting
 
 from .conftest import by_value
@@ -56,8 +56,8 @@ def _train_from_service(args, ctx):
 
 def test_mwms_fit_reads_from_a_service_beside_the_cluster(sc, no_leftovers, monkeypatch):
     made = []
-    real = beside.data_service
-    monkeypatch.setattr(beside, "data_service", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    real = data_service.data_service
+    monkeypatch.setattr(data_service, "data_service", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     began = time.monotonic()
     cluster = tfonspark.run(sc, _train_from_service, None, 1, data_service=1, reservation_timeout=120)
     up = time.monotonic()

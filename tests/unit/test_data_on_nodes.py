@@ -8,7 +8,7 @@ import pytest
 
 from tfonspark.driver.options import ClusterOptions, split_options
 from tfonspark.driver.programs import for_run
-from tfonspark.driver.services import beside
+from tfonspark.driver.services import beside, data_service
 from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
 from tfonspark.settings import Settings
 from tfonspark.tfprocess import data_worker
@@ -106,8 +106,9 @@ def dispatch(monkeypatch):
             self.stopped += 1
 
     handover = FakeHandover()
-    monkeypatch.setattr(beside, "reserve_dispatcher", lambda sc: (handover, "driver:7"))
-    monkeypatch.setattr(beside, "dispatcher_for", lambda h, a, w: made.append(Svc(w)) or made[-1])
+    reserved = SimpleNamespace(task="dispatcher", handover=handover, address="driver:7", release=handover.release)
+    monkeypatch.setattr(data_service, "reserve_task", lambda host, task: reserved)
+    monkeypatch.setattr(data_service, "Dispatcher", lambda reserved, workers: made.append(Svc(workers)) or made[-1])
     return SimpleNamespace(made=made, handover=handover)
 
 
@@ -125,7 +126,7 @@ def _start(cluster, count=2, timeout=5.0):
         return cluster
 
     options = ClusterOptions(data_service=count, data_service_on="nodes", reservation_timeout=timeout)
-    plan = SimpleNamespace(sc=None, options=options, settings=Settings(), launcher=None, num_executors=2)
+    plan = SimpleNamespace(sc=None, host="driver", options=options, settings=Settings(), launcher=None, num_executors=2)
     plan.start = lambda handle, target, on_end: begin(target, on_end)  # Plan.start, its handle a Cluster
     return beside.start_beside(plan), targets
 

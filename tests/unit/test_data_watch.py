@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from tfonspark.driver.services.watch import watched
 from tfonspark.errors import NodeFailed
-from tfonspark.tfprocess.data_worker import watched
 
 
 def test_elements_pass_through_and_errors_reach_the_reader():
@@ -42,11 +42,16 @@ def test_a_hung_reader_fails_once_a_worker_is_lost():
 def test_the_service_watches_with_its_own_cluster_failures():
     from types import SimpleNamespace
 
+    from tfonspark.config import InputMode
+    from tfonspark.driver.cluster import Reserved, Running
     from tfonspark.driver.services.data_service import DataService
 
     lost: list[str] = []
-    cluster = SimpleNamespace(server=SimpleNamespace(failures=lambda: list(lost)))
-    svc = DataService(cluster, dispatcher=None, target="grpc://h:1", worker_addresses=["h:2"])  # type: ignore[arg-type]
+    plane = SimpleNamespace(failures=lambda: list(lost), config=SimpleNamespace(cluster_id="c" * 32))
+    held = Reserved("dispatcher", None, "h:1")  # type: ignore[arg-type]
+    running = Running(None, InputMode.TENSORFLOW, SimpleNamespace(gang=plane), None, None, None, held=held)  # type: ignore[arg-type]
+    dispatcher = SimpleNamespace(server=None, target="grpc://h:1", worker_addresses=["h:2"])
+    svc = DataService(running, dispatcher)  # type: ignore[arg-type]
 
     def reads():
         yield 1

@@ -29,6 +29,8 @@ import pytest
 import tfonspark
 import tfonspark.keras
 from tfonspark.distribute import SparkClusterResolver
+from tfonspark.driver.cluster import ClusterHandle
+from tfonspark.driver.services.serving import ServingCluster
 from tfonspark.ml import TFEstimator, TFModel
 
 PUBLIC: list[Any] = [
@@ -49,10 +51,12 @@ NEEDS_A_CLUSTER: list[Any] = [
     tfonspark.keras.fit,
     tfonspark.ps_cluster,
     tfonspark.PSCluster,
+    ClusterHandle,  # what Cluster, PSCluster and DataService inherit: checked where it is defined
+    ServingCluster,
 ]
 
 #: Classes users get from tfonspark and never construct: their constructor is not documented.
-MADE_FOR_USERS = {tfonspark.Cluster, tfonspark.NodeContext, tfonspark.PSCluster}
+MADE_FOR_USERS = {tfonspark.Cluster, tfonspark.NodeContext, tfonspark.PSCluster, ClusterHandle, ServingCluster}
 
 _PARAMETERS = re.compile(r"^[ \t]*(Parameters[ \t]*\n[ \t]*-{3,}|Args:|Arguments:)[ \t]*$", re.M)
 _EXAMPLE = re.compile(r"^[ \t]*(>>>|Examples?[ \t]*\n[ \t]*-{3,}[ \t]*$|Examples?:[ \t]*$)", re.M)

@@ -119,12 +119,15 @@ def test_ps_cluster_refuses_an_evaluator_that_is_not_callable():
 
 
 class _Server:
-    """What :func:`finish_evaluators` uses of the rendezvous server: its nodes, Stop, and waiting."""
+    """What :func:`finish_evaluators` uses of the control plane: its nodes, Stop, and waiting."""
 
     def __init__(self, nodes, exit_code=0) -> None:
-        self.nodes = {n.role.executor_id: n for n in nodes}
+        self.table = list(nodes)
         self.stopped: list[tuple[str, float]] = []
         self.exit_code = exit_code
+
+    def nodes(self):
+        return list(self.table)
 
     def stop_node(self, node, grace_secs) -> None:
         self.stopped.append((node.role.name, grace_secs))
@@ -132,7 +135,7 @@ class _Server:
 
     def wait_for(self, predicate, timeout, until_failure=True) -> bool:
         assert timeout > 0 and until_failure is False
-        return bool(predicate(self.nodes.values()))
+        return bool(predicate(self.table))
 
 
 def _nodes():

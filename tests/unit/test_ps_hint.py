@@ -9,6 +9,7 @@ coordinator running on a node gets the same line through ``hint_for``.
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 
@@ -57,12 +58,19 @@ def test_the_note_is_added_once():
 
 
 class _Stops:
-    """Stands in for the Cluster and the port hand-over: records that the block's end stopped them."""
+    """Stands in for the nodes' control plane and the port hand-over: records that the block's end stopped them."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.config = types.SimpleNamespace(cluster_id="c" * 32)
 
-    def stop(self, grace_secs: float) -> None:
+    def check(self) -> None:
+        pass  # no node failed
+
+    def nodes(self) -> list:
+        return []  # no evaluator to stop first
+
+    def teardown(self, grace_secs: float, final: bool = False) -> None:
         self.calls.append("stop")
 
     def release(self) -> None:
@@ -71,10 +79,15 @@ class _Stops:
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="BaseException.add_note is Python 3.11")
 def test_leaving_a_ps_cluster_block_with_the_error_adds_the_hint():
+    from tfonspark.config import InputMode
+    from tfonspark.driver.cluster import Reserved, Running
     from tfonspark.driver.services.ps import PSCluster
 
     stops = _Stops()
-    with pytest.raises(ValueError) as info, PSCluster(stops, "127.0.0.1:1", stops):
+    no_streams = types.SimpleNamespace(join=lambda timeout: True)
+    held = Reserved("chief", stops, "127.0.0.1:1")
+    running = Running(None, InputMode.TENSORFLOW, types.SimpleNamespace(gang=stops), None, no_streams, None, held=held)
+    with pytest.raises(ValueError) as info, PSCluster(running):
         raise ValueError(TF_MESSAGE)
     assert info.value.__notes__ == [f"Hint: {ps_hint_for(info.value)}"]
     assert stops.calls == ["stop", "release"]  # and the cluster stopped all the same

@@ -17,8 +17,8 @@ import tfonspark
 from tfonspark.driver.cluster import Cluster
 from tfonspark.driver.nodes.roles import build_cluster_spec, plan_roles
 from tfonspark.driver.options import ClusterOptions
-from tfonspark.driver.plan import prepare
-from tfonspark.driver.services.ps import chief_address, servers_accepting
+from tfonspark.driver.plan import prepare, task_address
+from tfonspark.driver.services.ps import servers_accepting
 from tfonspark.errors import ConfigError
 from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext, LocalLauncher
@@ -47,9 +47,9 @@ def test_a_fixed_job_that_nodes_also_run_is_refused():
 
 
 def test_the_chief_address_puts_ipv6_hosts_in_brackets():
-    assert chief_address("10.0.0.1", 5000) == "10.0.0.1:5000"
-    assert chief_address("fe80::1", 5000) == "[fe80::1]:5000"
-    assert chief_address("driver.example", 1) == "driver.example:1"
+    assert task_address("10.0.0.1", 5000) == "10.0.0.1:5000"
+    assert task_address("fe80::1", 5000) == "[fe80::1]:5000"
+    assert task_address("driver.example", 1) == "driver.example:1"
 
 
 @pytest.mark.parametrize(("workers", "ps"), [(0, 1), (2, 0), (-1, 1), (True, 1)])
@@ -71,8 +71,7 @@ def test_servers_accepting_tells_a_listening_port_from_a_reserved_one():
 
 
 def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path):
-    chief = "127.0.0.1:4321"
-    cluster = prepare(
+    plan = prepare(
         FakeSparkContext(),
         record_spec,
         {"dir": str(tmp_path)},
@@ -80,8 +79,11 @@ def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path
         ClusterOptions(num_ps=1, reservation_timeout=60),
         Settings(),
         launcher=LocalLauncher(),
-        driver_tasks={"chief": [chief]},
-    ).start(Cluster)
+    )
+    held = []  # the chief's port, reserved by the start: what the handle is given
+    cluster = plan.start(lambda running: held.append(running.held) or Cluster(running), hold="chief")
+    chief = held[0].address
+    assert held[0].task == "chief" and chief == task_address(plan.host, held[0].handover.port)
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("*.json"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)  # the nodes write their file as map_fun starts; stop() does not wait for it
@@ -96,3 +98,4 @@ def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path
         job, index = name.split("-")
         assert got["tf_config"]["task"] == {"type": job, "index": int(index)}
     assert {i["job_name"] for i in cluster.cluster_info} == {"ps", "worker"}  # no node runs the chief
+    held[0].release()

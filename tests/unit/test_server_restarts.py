@@ -20,7 +20,8 @@ import types
 import pytest
 
 from tests.waiting import wait_until
-from tfonspark.config import NodeConfig
+from tfonspark.config import InputMode, NodeConfig
+from tfonspark.driver.cluster import Reserved, Running
 from tfonspark.driver.nodes.node_events import NodeEvents, ServerRestart, how_it_died
 from tfonspark.driver.services.ps import PSCluster
 from tfonspark.errors import NodeFailed
@@ -227,13 +228,22 @@ def test_the_driver_logs_a_restart_and_records_it(caplog):
     assert how_it_died(-9) == "killed by signal 9 (SIGKILL)" and how_it_died(1) == "exited with code 1"
 
 
-class _Cluster:
+class _Plane:
+    """The control plane of a ps cluster whose check finds ``error`` (a failed node) at the block's end."""
+
     def __init__(self, error: Exception | None) -> None:
         self.error = error
+        self.config = types.SimpleNamespace(cluster_id="c" * 32)
 
-    def stop(self, grace_secs: float) -> None:
+    def check(self) -> None:
         if self.error is not None:
             raise self.error
+
+    def nodes(self) -> list:
+        return []
+
+    def teardown(self, grace_secs: float, final: bool = False) -> None:
+        pass
 
 
 class _Handover:
@@ -242,7 +252,10 @@ class _Handover:
 
 
 def _ps_cluster(error: Exception | None) -> PSCluster:
-    return PSCluster(_Cluster(error), "127.0.0.1:1", _Handover())  # type: ignore[arg-type]
+    gang, streams = _Plane(error), types.SimpleNamespace(join=lambda timeout: True)
+    held = Reserved("chief", _Handover(), "127.0.0.1:1")  # type: ignore[arg-type]
+    running = Running(None, InputMode.TENSORFLOW, types.SimpleNamespace(gang=gang), None, streams, None, held=held)  # type: ignore[arg-type]
+    return PSCluster(running)
 
 
 def test_leaving_the_block_with_tfs_error_raises_the_node_failure_behind_it():

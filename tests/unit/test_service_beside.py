@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+import tfonspark
 from tfonspark.config import NodeConfig
 from tfonspark.driver.options import ClusterOptions, split_options
-from tfonspark.driver.services import beside
+from tfonspark.driver.services import beside, data_service
 from tfonspark.errors import ConfigError, ReservationTimeout
 from tfonspark.settings import Settings
+from tfonspark.testing import FakeSparkContext
 from tfonspark.tfprocess.context import NodeContext
 
 
@@ -38,7 +40,7 @@ class FakePlan:
     """What ``start_beside`` reads of a ``Plan``; ``start(handle, target, on_end)`` calls ``begin``."""
 
     def __init__(self, options, begin, num_executors=1, sc=None):
-        self.sc, self.options, self.settings, self.launcher = sc, options, Settings(), None
+        self.sc, self.host, self.options, self.settings, self.launcher = sc, "driver", options, Settings(), None
         self.num_executors, self._begin = num_executors, begin
 
     def start(self, handle, data_target=None, on_end=None):
@@ -54,7 +56,7 @@ def svc(monkeypatch):
         calls.append((count, kwargs["reservation_timeout"]))
         return made
 
-    monkeypatch.setattr(beside, "data_service", fake)
+    monkeypatch.setattr(data_service, "data_service", fake)
     monkeypatch.setattr(beside, "wait_for_slots", lambda sc, needed, timeout: needed)
     made.calls = calls
     return made
@@ -99,7 +101,7 @@ def test_a_failed_worker_is_logged_not_raised_on_stop(svc, caplog):
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_data_service_must_be_a_count(svc, bad):
     with pytest.raises(ConfigError, match="data_service must be a whole number"):
-        beside.start_beside(FakePlan(ClusterOptions(data_service=bad), lambda t, on_end: None))
+        tfonspark.run(FakeSparkContext(), print, None, 1, data_service=bad)  # prepare refuses it: nothing starts
     assert svc.calls == []
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import InputMode
 from ..errors import ConfigError, NodeFailed
+from ..ports import PortHandover
 from .ending import finish, stop_now
 from .feeds.epochs import train_epochs
 from .feeds.feeding import Feeds
@@ -32,16 +33,32 @@ from .nodes.stopping import write_stop_file
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-__all__ = ["Cluster", "ClusterHandle", "Running"]
+__all__ = ["Cluster", "ClusterHandle", "Reserved", "Running"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A task of every node's spec that the driver holds itself (``ps_cluster``'s ``chief``, the
+    ``dispatcher``): its port, reserved (bound, not listening: :mod:`tfonspark.ports`) until the
+    driver's own server binds it. :func:`tfonspark.driver.plan.reserve_task` makes one."""
+
+    task: str
+    handover: PortHandover
+    address: str  #: ``host:port`` executors reach
+
+    def release(self) -> None:
+        """Free the port (idempotent; a no-op once the driver's server took it)."""
+        self.handover.release()
 
 
 @dataclass(frozen=True)
 class Running:
     """A started cluster's parts, as :meth:`~tfonspark.driver.plan.Plan.start` wired them: what a handle holds.
 
-    ``on_end()`` runs once after the nodes stop, also on errors (``run(data_service=N)``'s service).
+    ``on_end()`` runs once after the nodes stop, also on errors (``run(data_service=N)``'s service);
+    ``held`` is the task of every spec the driver holds itself, if any (``ps_cluster``'s chief).
     """
 
     sc: SparkContext
@@ -51,12 +68,18 @@ class Running:
     streams: Streams
     reports: ReportLog
     on_end: Callable[[], None] | None = None
+    held: Reserved | None = None
 
 
 class ClusterHandle:
     """What every handle on a running cluster offers: its nodes, their reports and restarts, ``stop``.
 
     ``sc``, ``cluster_id``, ``input_mode`` and ``cluster_info`` are TFoS's attributes.
+
+    Examples
+    --------
+    >>> cluster = prepare(sc, main_fun, args, 2, ClusterOptions(), Settings()).start(Cluster)  # doctest: +SKIP
+    >>> cluster.reports, cluster.server_restarts  # doctest: +SKIP
     """
 
     def __init__(self, running: Running) -> None:
@@ -253,7 +276,7 @@ class Cluster(ClusterHandle):
         --------
         >>> cluster.request_stop("enough data")
         """
-        self._attempts.gang.server.request_stop(reason)
+        self._attempts.gang.request_stop(reason)
 
     def write_stop_file(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write a stop file (address, cluster id, secret; mode 0600) and return its path.

@@ -27,9 +27,10 @@ from ..executor.gpus import requested_gpus
 from ..executor.restart_in_place import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
+from ..ports import PortHandover, hand_over_port, reserve_port
 from ..settings import Resolved, Settings, heartbeat_interval, resolve
 from ..wire.framing import new_secret
-from .cluster import Running
+from .cluster import Reserved, Running
 from .feeds.feeding import Feeds
 from .feeds.streaming import Streams
 from .jobs import barrier_supported, wait_for_slots
@@ -46,7 +47,7 @@ from .programs import PROGRAMS, ProgramKind, for_run
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-__all__ = ["Plan", "driver_host", "prepare"]
+__all__ = ["Plan", "driver_host", "prepare", "reserve_task", "task_address"]
 
 _log = logging.getLogger(__name__)
 _LEGACY_KERAS_KEYS = "legacy_keras=False (or spark.tfonspark.legacyKeras=off, or TFONSPARK_LEGACY_KERAS=off)"
@@ -57,6 +58,22 @@ def driver_host(sc: SparkContext) -> str:
     """The driver's address executors reach: ``spark.driver.host``, else the address towards the outside."""
     host = sc.getConf().get("spark.driver.host", None)
     return host or local_ip_towards("8.8.8.8")
+
+
+def task_address(host: str, port: int) -> str:
+    """The ``host:port`` of a task, as TF's cluster specs write it (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def reserve_task(host: str, task: str, *, hand_over: bool = False) -> Reserved:
+    """Reserve the port of the driver's task ``task`` at ``host`` (``plan.host``).
+
+    ``hand_over``: to the next TF server this process starts (the coordinator's, which TF's
+    ``ParameterServerStrategy`` makes), else to the server that shares it itself (the dispatcher).
+    """
+    sock = reserve_port()
+    handover = hand_over_port(sock) if hand_over else PortHandover(sock)
+    return Reserved(task, handover, task_address(host, handover.port))
 
 
 def prepare(
@@ -71,15 +88,13 @@ def prepare(
     on_report: Callable[[Report], Any] | None = None,
     launcher: Launcher | None = None,
     tfos_face: bool = False,
-    driver_tasks: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """Check the arguments, choose the node program, plan the roles and resolve the settings.
 
     ``program``: the kind of cluster (:data:`~tfonspark.driver.programs.PROGRAMS`), or None for
     the one ``options`` say (``run()``'s: ``map_fun``, ``coordinator`` or ``data_on_nodes``).
-    ``tfos_face``: the TFoS face's Keras 2 default for the nodes; ``driver_tasks``: tasks in
-    every node's cluster spec that the driver holds itself (``{"chief": ["host:port"]}``).
-    Nothing starts here; :meth:`Plan.start` starts the nodes.
+    ``tfos_face``: the TFoS face's Keras 2 default for the nodes. Nothing starts and nothing is
+    reserved here; :meth:`Plan.start` starts the nodes.
 
     Examples
     --------
@@ -88,6 +103,7 @@ def prepare(
     """
     row = PROGRAMS[program] if program is not None else for_run(options)
     work = row.make(map_fun, options, num_executors)
+    host = driver_host(sc)
     o = options
     check_max_restarts(o.max_restarts)
     roles = plan_roles(num_executors, o.num_ps, o.master_node, o.eval_node, o.driver_ps_nodes, o.coordinator)
@@ -100,6 +116,7 @@ def prepare(
     resolved = resolve(chosen, sc.getConf())
     return Plan(
         sc,
+        host,
         roles,
         mode,
         options,
@@ -112,7 +129,6 @@ def prepare(
         serves=row.serves,
         launcher=launcher,
         on_report=on_report,
-        driver_tasks=dict(driver_tasks or {}),
     )
 
 
@@ -125,6 +141,7 @@ class Plan:
     """
 
     sc: SparkContext
+    host: str  #: the driver's address executors reach (:func:`driver_host`)
     roles: list[NodeRole]
     mode: InputMode
     options: ClusterOptions
@@ -137,7 +154,6 @@ class Plan:
     serves: bool  #: the workers only serve a TF server (:mod:`.programs`)
     launcher: Launcher | None = None  #: None: a Spark job, a barrier stage where Spark has one
     on_report: Callable[[Report], Any] | None = None
-    driver_tasks: Mapping[str, Sequence[str]] = field(default_factory=dict)  #: tasks the driver holds
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -150,19 +166,42 @@ class Plan:
         handle: Callable[[Running], _H],
         data_target: str | None = None,
         on_end: Callable[[], None] | None = None,
+        *,
+        hold: str | None = None,
+        hand_over: bool = False,
     ) -> _H:
         """Start the nodes and hand the running cluster to ``handle`` (``Cluster``); torn down if either fails.
 
         ``data_target``: the tf.data service's dispatcher, told to every node
         (``ctx.data_service``; None: no service); ``on_end()`` runs once the running cluster's
-        nodes stop (the service beside it), not when it cannot start.
+        nodes stop (the service beside it), not when it cannot start. ``hold``: a job whose one
+        task the driver holds itself in every node's spec (``"chief"``), its port reserved here
+        (:func:`reserve_task`, ``hand_over`` as there) and handed to the
+        handle in ``Running.held``; released if the start fails.
 
         Examples
         --------
         >>> cluster = prepare(sc, main_fun, args, 2, ClusterOptions(), Settings()).start(Cluster)  # doctest: +SKIP
         """
+        held = reserve_task(self.host, hold, hand_over=hand_over) if hold else None
+        try:
+            return self._launch(handle, data_target, on_end, held)
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+
+    def _launch(
+        self,
+        handle: Callable[[Running], _H],
+        data_target: str | None,
+        on_end: Callable[[], None] | None,
+        held: Reserved | None,
+    ) -> _H:
+        """:meth:`start`, its port (if any) reserved: wire the parts once, start the nodes, hand them on."""
         from pyspark import cloudpickle
 
+        driver_tasks = {held.task: [held.address]} if held else {}
         use_barrier = self.launcher is None and barrier_supported(self.sc)
         launcher = self.launcher or SparkLauncher(self.sc, barrier=use_barrier)
         reports = ReportLog(self.on_report)
@@ -171,7 +210,7 @@ class Plan:
         feeds = Feeds(self.sc, "", nodes)
 
         def form(attempt: int) -> Gang:
-            server, config = self.form(attempt, data_target)
+            server, config = self.form(attempt, data_target, driver_tasks)
             feeds.secret_hex = config.secret_hex
             return Gang(server, config, self.roles, launcher, NodeEvents(reports, feeds), feeds.cancel)
 
@@ -187,7 +226,7 @@ class Plan:
         try:
             payload: bytes = cloudpickle.dumps(self.work)  # type: ignore[no-untyped-call]  # untyped in pyspark
             attempts.begin(payload)
-            return handle(Running(self.sc, self.mode, attempts, feeds, streams, reports, on_end))
+            return handle(Running(self.sc, self.mode, attempts, feeds, streams, reports, on_end, held))
         except BaseException:
             attempts.gang.teardown(grace_secs=0, final=True)  # no restart follows
             raise
@@ -197,19 +236,21 @@ class Plan:
         """Supervisor <-> driver liveness messages: four per ``heartbeat_timeout``, at most 5 s apart."""
         return heartbeat_interval(self.resolved.heartbeat_timeout)
 
-    def form(self, attempt: int, data_target: str | None = None) -> tuple[RendezvousServer, NodeConfig]:
+    def form(
+        self, attempt: int, data_target: str | None = None, driver_tasks: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[RendezvousServer, NodeConfig]:
         """A rendezvous server with a fresh secret, and the nodes' config for ``attempt``."""
         secret = new_secret()
         server = RendezvousServer(
             self.cluster_id,
             self.roles,
             secret,
-            driver_host(self.sc),
+            self.host,
             self.resolved.server_port,
             bind_host=self.resolved.server_host or None,
             heartbeat_secs=self.heartbeat_secs,
             heartbeat_timeout=self.resolved.heartbeat_timeout,
-            fixed_tasks=self.driver_tasks,
+            fixed_tasks=driver_tasks,
         )
         return server, self.node_config(server.address, secret, attempt, data_target)
 

@@ -115,13 +115,15 @@ PROGRAMS: Mapping[ProgramKind, NodeProgram] = {
 def for_run(options: ClusterOptions) -> NodeProgram:
     """The row of a cluster of ``run()`` (and ``TFCluster.run``, ``TFEstimator``), as its options say.
 
-    Raises ConfigError for a ``data_service_on`` that is not one of :data:`PLACES`.
+    Raises ConfigError for a ``data_service_on`` that is not one of :data:`PLACES`, and for a
+    ``data_service`` that is not a whole number >= 0.
 
     Examples
     --------
     >>> for_run(ClusterOptions(num_ps=1, coordinator=True)).kind
     'coordinator'
     """
+    service_workers(options)
     place = options.data_service_on
     if place not in PLACES:
         raise ConfigError(f"data_service_on must be one of {', '.join(map(repr, PLACES))}. Received: {place!r}")

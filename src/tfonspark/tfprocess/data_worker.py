@@ -14,7 +14,7 @@ then serves with ``time.sleep`` rather than ``join()``, keeping the process's ow
 parent-death watchdog) running. The supervisor ends it with SIGTERM when the service stops.
 
 :func:`check_serializable` and :func:`distribute` are for any process that reads from the
-service: a dataset that calls back into Python (``py_function``, ``numpy_function``,
+service, the driver (``svc.distribute``) and a TF process (``ctx.distribute_dataset``) alike: a dataset that calls back into Python (``py_function``, ``numpy_function``,
 ``from_generator``) cannot run on a worker, and TF 2.21 only says so while iterating
 (``Could not find callback with key=pyfunc_0 in the registry``).
 
@@ -26,15 +26,14 @@ with every worker's address. It lives and dies with the node's TF process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, NodeFailed
+from ..errors import ConfigError
 from ..ports import PortHandover, pending_handovers, release_handovers, reserve_port
 from .server import ServerNode, servers_accepting
 
@@ -50,7 +49,6 @@ __all__ = [
     "serve_beside",
     "serve_data",
     "split_address",
-    "watched",
 ]
 
 _log = logging.getLogger(__name__)
@@ -75,9 +73,13 @@ ADDRESS = "tfonspark.data_worker_address"
 
 @dataclass(frozen=True)
 class DataWorkerArgs:
-    """What every data-service node is told: the dispatcher's ``host:port`` and TF's worker options."""
+    """What every data-service node is told: the dispatcher's ``host:port`` and TF's worker options.
 
-    dispatcher: str
+    ``dispatcher`` ``""``: the ``dispatcher`` task of the node's cluster spec (:func:`tfonspark.data_service`
+    holds it in every spec).
+    """
+
+    dispatcher: str = ""
     heartbeat_interval_ms: int | None = None
     dispatcher_timeout_ms: int | None = None
     wait_secs: float = 600.0  #: how long to wait for the dispatcher to listen
@@ -98,6 +100,8 @@ def serve_data(args: DataWorkerArgs, ctx: ServerNode) -> None:
     import tensorflow as tf
 
     address = ctx.cluster_spec[ctx.job_name][ctx.task_index]
+    if not args.dispatcher:
+        args = dataclasses.replace(args, dispatcher=ctx.cluster_spec["dispatcher"][0])
     _wait_dispatcher(args)
     config = tf.data.experimental.service.WorkerConfig(
         dispatcher_address=args.dispatcher,
@@ -262,74 +266,3 @@ def distribute(
             processing_mode, target, job_name=job_name, max_outstanding_requests=max_outstanding_requests
         )
     )
-
-
-def watched(dataset: Iterable[Any], failed: Callable[[], Sequence[Any]], poll_secs: float = 1.0) -> Iterator[Any]:
-    """``dataset``'s elements, raising NodeFailed within ``poll_secs`` once ``failed()`` names a lost worker.
-
-    A reader of the service is not told when a worker dies for good (its executor lost, its
-    restarts in place used up): TF's client retries the dead address forever. This reads
-    ``dataset`` in a thread and, while waiting, asks ``failed()`` (the driver's view) every
-    ``poll_secs``, so that the reader fails, saying why, instead of hanging.
-
-    Parameters
-    ----------
-    dataset : iterable
-        What to read (a ``tf.data.Dataset`` read through the service).
-    failed : callable
-        Returns the workers lost for good: ``svc.cluster.server.failures``.
-    poll_secs : float
-        How often ``failed()`` is asked.
-
-    Examples
-    --------
-    >>> for batch in watched(ds, svc.cluster.server.failures):  # doctest: +SKIP
-    ...     train_step(batch)
-    """
-    items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=8)
-    stop = threading.Event()
-    threading.Thread(target=_pump, args=(dataset, items, stop), daemon=True, name="tfos-data-watch").start()
-    checked = time.monotonic()
-    try:
-        while True:
-            try:
-                kind, value = items.get(timeout=poll_secs)
-            except queue.Empty:
-                kind, value = "wait", None
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            if kind == "item":
-                yield value
-            if time.monotonic() - checked >= poll_secs:  # not at every element: failed() takes a lock
-                _raise_if_lost(failed())
-                checked = time.monotonic()
-    finally:
-        stop.set()
-
-
-def _pump(dataset: Iterable[Any], items: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
-    """Read ``dataset`` into ``items`` until it ends, fails, or ``stop`` is set."""
-    try:
-        for element in dataset:
-            while not stop.is_set():
-                try:
-                    items.put(("item", element), timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-        items.put(("end", None))
-    except BaseException as error:  # noqa: BLE001 - handed to the reader, raised there
-        items.put(("error", error))
-
-
-def _raise_if_lost(lost: Sequence[Any]) -> None:
-    if lost:
-        names = ", ".join(str(getattr(getattr(n, "role", None), "name", n)) for n in lost)
-        raise NodeFailed(
-            f"tf.data worker(s) {names} lost for good (not restartable in place): the service cannot "
-            "go on with this job. Leave the data_service block and start again."
-        )

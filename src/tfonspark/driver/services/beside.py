@@ -19,16 +19,13 @@ dispatcher with the cluster.
 from __future__ import annotations
 
 import logging
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...errors import ReservationTimeout
-from ...tfprocess.data_worker import ADDRESS
 from ..cluster import Cluster
 from ..jobs import wait_for_slots
 from ..nodes.gang import SPARK_SETTINGS
-from ..options import service_workers
-from .data_service import DataService, data_service, dispatcher_for, reserve_dispatcher
+from .data_service import DispatcherForNodes, ServiceForCluster
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -45,76 +42,48 @@ def start_beside(plan: Plan) -> Cluster:
 
     On Spark (no ``plan.launcher``) it first waits, up to ``reservation_timeout``, until there
     are task slots for both: the plan's nodes and the service's workers. Raises
-    ReservationTimeout naming both numbers when there are not, ConfigError for a
-    ``data_service`` that is not a whole number >= 0, and whatever :func:`tfonspark.data_service`
-    or ``plan.start`` raise (after stopping what had started). With ``data_service_on="nodes"``
-    the nodes need no more slots than their own.
+    ReservationTimeout naming both numbers when there are not, and whatever
+    :func:`tfonspark.data_service` or ``plan.start`` raise (after stopping what had started).
+    With ``data_service_on="nodes"`` the nodes need no more slots than their own, and the
+    dispatcher starts after them. (``prepare`` checked ``data_service``: a whole number >= 0.)
 
     Examples
     --------
     >>> cluster = start_beside(prepare(sc, main_fun, args, 2, ClusterOptions(data_service=1), Settings()))  # doctest: +SKIP
     """
     options = plan.options
-    count = service_workers(options)
-    timeout = float(options.reservation_timeout)
-    if options.data_service_on == "nodes":
-        return _on_nodes(plan, count, timeout)
-    if plan.launcher is None:
+    count, timeout, on_nodes = (
+        options.data_service,
+        float(options.reservation_timeout),
+        options.data_service_on == "nodes",
+    )
+    if not on_nodes and plan.launcher is None:
         _reserve(plan.sc, plan.num_executors, count, timeout)
-    svc = data_service(plan.sc, count, settings=plan.settings, reservation_timeout=timeout, launcher=plan.launcher)
+    service: _Beside
+    if on_nodes:
+        service = DispatcherForNodes(plan.host, count, timeout)
+    else:
+        service = ServiceForCluster(plan.sc, count, plan.settings, timeout, plan.launcher)
     try:
-        cluster = plan.start(Cluster, svc.target, lambda: _stop(svc, "its training cluster stopped"))
+        cluster = plan.start(Cluster, service.target, service.end)
     except BaseException:
-        _stop(svc, "the training cluster did not start")
+        service.abandon()
         raise
-    _log.info("tf.data service %s beside cluster %s", svc.target, cluster.cluster_id[:12])
+    service.follow(cluster)
     return cluster
 
 
-def _on_nodes(plan: Plan, count: int, timeout: float) -> Cluster:
-    """Start the nodes (``count`` of them with a tf.data worker), then the dispatcher with their addresses."""
-    handover, address = reserve_dispatcher(plan.sc)
-    started: list[DataService] = []
+class _Beside(Protocol):
+    """A tf.data service beside a cluster (:mod:`.data_service`): started before it, then told
+    that it started (``follow``), that it could not (``abandon``) or that its nodes stopped (``end``)."""
 
-    def end() -> None:
-        handover.release()
-        for svc in started:
-            _stop(svc, "its training cluster stopped")
+    target: str  #: its dispatcher, ``"grpc://host:port"``: every node's ``ctx.data_service``
 
-    try:
-        cluster = plan.start(Cluster, f"grpc://{address}", end)
-    except BaseException:
-        handover.release()
-        raise
-    try:
-        started.append(dispatcher_for(handover, address, _reported(cluster, count, timeout)))
-    except BaseException:
-        try:
-            cluster.stop(grace_secs=0)
-        except Exception as error:  # the failure that stopped the start-up is the one to raise
-            _log.warning("stopping cluster %s after its tf.data service failed: %s", cluster.cluster_id[:12], error)
-        raise
-    _log.info("tf.data dispatcher grpc://%s for the workers in nodes %s", address, started[0].worker_addresses)
-    return cluster
+    def end(self) -> None: ...
 
+    def abandon(self) -> None: ...
 
-def _reported(cluster: Cluster, count: int, timeout: float) -> list[str]:
-    """The addresses of the ``count`` workers in ``cluster``'s nodes, once each reported its own."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cluster.failure is not None:
-            raise cluster.failure
-        found = {r.node: str(r.metrics[ADDRESS]) for r in cluster.reports if ADDRESS in r.metrics}
-        if len(found) >= count:
-            return [found[node] for node in sorted(found)]
-        if time.monotonic() > deadline:
-            raise ReservationTimeout(
-                f"only {len(found)} of the {count} TF nodes that run a tf.data worker "
-                f"(data_service_on='nodes') reported its address within {timeout:g}s; check the executor logs",
-                registered=len(found),
-                required=count,
-            )
-        time.sleep(0.05)
+    def follow(self, cluster: Cluster) -> None: ...
 
 
 def _reserve(sc: SparkContext, nodes: int, workers: int, timeout: float) -> None:
@@ -128,11 +97,3 @@ def _reserve(sc: SparkContext, nodes: int, workers: int, timeout: float) -> None
             registered=slots,
             required=nodes + workers,
         )
-
-
-def _stop(svc: DataService, why: str) -> None:
-    """Stop ``svc``; a worker's failure is logged, so the cluster's own outcome is the one raised."""
-    try:
-        svc.shutdown()
-    except Exception as error:
-        _log.warning("tf.data service %s stopped after %s; a worker had failed: %s", svc.target, why, error)

@@ -1,65 +1,163 @@
 """The tf.data service on Spark: :func:`data_service`, the dispatcher here, a worker per executor.
 
-The workers start as :func:`tfonspark.ps_cluster`'s servers do: one barrier gang through
-:func:`tfonspark.driver.launch.start`, each node running
-:func:`tfonspark.tfprocess.data_worker.serve_data` (a ``WorkerServer``, no user code) at the
-address its supervisor reserved. Order matters for static sharding (FILE, DATA, HINT), where
-the dispatcher must be told every worker's address (``DispatcherConfig(worker_addresses=...)``)
-before any registers:
+The workers start as :func:`tfonspark.ps_cluster`'s servers do, the serve-only start of
+:mod:`.serving`: one barrier gang, each node running
+:func:`tfonspark.tfprocess.data_worker.serve_data` (a ``WorkerServer``, no user code: the
+``data_worker`` row of :mod:`tfonspark.driver.programs`) at the address its supervisor reserved.
+Order matters for static sharding (FILE, DATA, HINT), where the dispatcher must be told every
+worker's address (``DispatcherConfig(worker_addresses=...)``) before any registers:
 
 1. reserve the dispatcher's port here (bound, not listening: nobody else takes it);
 2. start the gang: every node registers its reserved address, gets the dispatcher's, and waits
    until that port accepts connections;
 3. start the ``DispatchServer`` on the reserved port with the nodes' addresses (the reservation
    is shared with gRPC's socket for the bind and closed right after, as in
-   :mod:`tfonspark.ports`);
+   :mod:`tfonspark.ports`): the handle, :class:`DataService`, is made with it;
 4. each worker registers and reports it; :func:`data_service` returns once all have.
 
 ``shutdown()`` stops the nodes (SIGTERM, SIGKILL after the grace period) and then the
 dispatcher (TF 2.21's ``DispatchServer.stop()``), so no process is left and no port accepts.
 
 ``run(..., data_service=N, data_service_on="nodes")`` needs the dispatcher alone
-(:func:`reserve_dispatcher`, then :func:`dispatcher_for` with the addresses the TF nodes
-reported): its workers live in the nodes' TF processes and end with them.
+(:class:`Dispatcher`, on a port :func:`~tfonspark.driver.plan.reserve_task` reserved, told the addresses the
+TF nodes reported): its workers live in the nodes' TF processes and end with them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ...config import InputMode
-from ...errors import ClusterError, ConfigError, ReservationTimeout
-from ...ports import PortHandover, reserve_port
+from ...errors import ClusterError, ReservationTimeout
 from ...settings import Settings
-from ...tfprocess.data_worker import REGISTERED, DataWorkerArgs, distribute, watched
+from ...tfprocess.data_worker import ADDRESS, REGISTERED, DataWorkerArgs, distribute
 from ...tfprocess.server import wait_for_servers
-from ..cluster import Cluster
+from ..cluster import Cluster, Reserved, Running
 from ..options import ClusterOptions, SettingKeywords
-from ..plan import driver_host, prepare
-from .ps import chief_address
+from ..plan import reserve_task
+from .serving import ServeOnly, ServingCluster, check_count, start_serving
+from .watch import watched
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from pyspark import SparkContext
 
+    from ...ports import PortHandover
     from ..nodes.launcher import Launcher
 
-__all__ = ["DataService", "data_service", "dispatcher_for", "reserve_dispatcher"]
+__all__ = ["DataService", "Dispatcher", "DispatcherForNodes", "ServiceForCluster", "data_service", "stop_logged"]
 
 _log = logging.getLogger(__name__)
 _POLL_SECS = 0.05
 
 
-class DataService:
+@dataclass(frozen=True)
+class _Dispatch:
+    """The dispatcher's own options: its journal and how long it waits for a silent worker."""
+
+    work_dir: str | None = None
+    worker_timeout_ms: int | None = None
+
+
+class Dispatcher:
+    """TF's ``DispatchServer`` in this process, on ``reserved``'s port, told every worker's address.
+
+    Alone, it is the service beside a cluster whose nodes run the workers
+    (``data_service_on="nodes"``); a :class:`DataService` has one for its own workers.
+
+    Examples
+    --------
+    >>> dispatcher = Dispatcher(reserve_task(plan.host, "dispatcher"), ["10.0.0.5:41234"])  # doctest: +SKIP
+    """
+
+    def __init__(self, reserved: Reserved, workers: Sequence[str], opts: _Dispatch = _Dispatch()) -> None:
+        self.server = _dispatcher(reserved.handover, list(workers), opts)  #: TF's ``DispatchServer``
+        self.target = f"grpc://{reserved.address}"  #: ``"grpc://host:port"`` of the dispatcher
+        self.worker_addresses = list(workers)  #: ``["host:port", ...]`` of the workers, by task index
+
+    def shutdown(self) -> None:
+        """Stop the dispatcher (its workers are someone else's)."""
+        self.server.stop()
+
+
+class DispatcherForNodes:
+    """The dispatcher of ``run(..., data_service=N, data_service_on="nodes")``: workers in the first ``N`` nodes.
+
+    Its port is reserved at ``host`` now, so every node's ``ctx.data_service`` can name it; the
+    dispatcher itself starts once the cluster runs and its nodes reported their workers'
+    addresses (:meth:`follow`); it stops with the cluster's nodes (:meth:`end`).
+    """
+
+    def __init__(self, host: str, count: int, timeout: float) -> None:
+        self.count, self.timeout = count, timeout
+        self.reserved = reserve_task(host, "dispatcher")
+        self.target = f"grpc://{self.reserved.address}"
+        self.started: list[Dispatcher] = []
+
+    def end(self) -> None:
+        """The cluster's nodes stopped (their workers with them): the dispatcher stops too."""
+        self.reserved.release()
+        for dispatcher in self.started:
+            stop_logged(dispatcher, "its training cluster stopped")
+
+    def abandon(self) -> None:
+        self.reserved.release()
+
+    def follow(self, cluster: Cluster) -> None:
+        """Start the dispatcher with the addresses the nodes reported; stop the cluster if it cannot."""
+        try:
+            self.started.append(Dispatcher(self.reserved, _reported(cluster, self.count, self.timeout)))
+        except BaseException:
+            try:
+                cluster.stop(grace_secs=0)
+            except Exception as error:  # the failure that stopped the start-up is the one to raise
+                _log.warning("stopping cluster %s after its tf.data service failed: %s", cluster.cluster_id[:12], error)
+            raise
+        _log.info("tf.data dispatcher %s for the workers in nodes %s", self.target, self.started[0].worker_addresses)
+
+
+class ServiceForCluster:
+    """``run(..., data_service=N)``'s service: a :func:`data_service` of ``count`` executors of its own.
+
+    It starts here, before the cluster; it stops once the cluster's nodes stopped (:meth:`end`)
+    or the cluster could not start (:meth:`abandon`), a worker's failure logged, not raised.
+    """
+
+    def __init__(
+        self, sc: SparkContext, count: int, settings: Settings, timeout: float, launcher: Launcher | None
+    ) -> None:
+        self.svc = data_service(sc, count, settings=settings, reservation_timeout=timeout, launcher=launcher)
+        self.target = self.svc.target
+
+    def end(self) -> None:
+        stop_logged(self.svc, "its training cluster stopped")
+
+    def abandon(self) -> None:
+        stop_logged(self.svc, "the training cluster did not start")
+
+    def follow(self, cluster: Cluster) -> None:
+        _log.info("tf.data service %s beside cluster %s", self.target, cluster.cluster_id[:12])
+
+
+def stop_logged(svc: DataService | Dispatcher, why: str) -> None:
+    """Stop ``svc``; a worker's failure is logged, so the cluster's own outcome is the one raised."""
+    try:
+        svc.shutdown()
+    except Exception as error:
+        _log.warning("tf.data service %s stopped after %s; a worker had failed: %s", svc.target, why, error)
+
+
+class DataService(ServingCluster):
     """A running tf.data service: the dispatcher in this process, one ``WorkerServer`` per executor.
 
     Made by :func:`data_service`; a context manager that stops every server when the block ends.
+    It is the workers' cluster handle (``cluster_info``, ``reports``, ``server_restarts``);
+    ``cluster`` is the handle itself, for code that read ``svc.cluster.server_restarts``.
 
     Examples
     --------
@@ -67,15 +165,15 @@ class DataService:
     ...     ds = svc.distribute(tf.data.Dataset.range(10), job_name="train")
     """
 
-    def __init__(self, cluster: Cluster | None, dispatcher: Any, target: str, worker_addresses: list[str]) -> None:
+    what = "tf.data service"
+
+    def __init__(self, running: Running, dispatcher: Dispatcher) -> None:
         """Made by :func:`data_service`, once the workers and the dispatcher run."""
-        #: the workers' :class:`~tfonspark.Cluster` (``cluster_info``, ``reports``); None where they
-        #: run in a training cluster's nodes (:func:`dispatcher_for`)
-        self.cluster = cluster
-        self.dispatcher = dispatcher  #: TF's ``DispatchServer``, in this process
-        self.target = target  #: ``"grpc://host:port"`` of the dispatcher
-        self.worker_addresses = worker_addresses  #: ``["host:port", ...]`` of the workers, by task index
-        self._stopped = False
+        super().__init__(running)
+        self._dispatch = dispatcher
+        self.dispatcher = dispatcher.server  #: TF's ``DispatchServer``, in this process
+        self.target = dispatcher.target  #: ``"grpc://host:port"`` of the dispatcher
+        self.worker_addresses = dispatcher.worker_addresses  #: ``["host:port", ...]`` of the workers, by task index
 
     def distribute(
         self,
@@ -117,7 +215,7 @@ class DataService:
 
         TF's reader is never told that a worker is gone for good (its executor lost, its restarts
         in place used up): it retries the dead address forever. Read through this instead of
-        hanging (:func:`tfonspark.tfprocess.data_worker.watched` with this cluster's failures).
+        hanging (:func:`tfonspark.driver.services.watch.watched` with this cluster's failures).
 
         Parameters
         ----------
@@ -131,47 +229,54 @@ class DataService:
         >>> for batch in svc.watch(svc.distribute(ds)):  # doctest: +SKIP
         ...     train_step(batch)
         """
-        cluster = self.cluster
-        return watched(dataset, cluster.server.failures if cluster else list, poll_secs)
+        return watched(dataset, self._attempts.gang.failures, poll_secs)
 
-    def shutdown(self, grace_secs: float = 2.0) -> None:
-        """Stop every worker (SIGTERM, SIGKILL after ``grace_secs``), then the dispatcher; idempotent.
+    def wait_serving(self, timeout: float) -> None:
+        """Wait until every worker listens and has reported its registration with the dispatcher.
 
-        Raises NodeFailed if a worker had failed before (after stopping everything).
+        Raises ClusterError if a worker failed meanwhile (``shutdown()`` then names it).
 
         Parameters
         ----------
-        grace_secs : float
-            How long each worker's TF process gets between SIGTERM and SIGKILL.
+        timeout : float
+            Seconds to wait for the servers, and for the registrations, before a ReservationTimeout.
 
         Examples
         --------
-        >>> svc.shutdown()  # doctest: +SKIP
+        >>> svc.wait_serving(60)  # doctest: +SKIP
         """
-        if self._stopped:
-            return
-        self._stopped = True
-        started = time.monotonic()
-        try:
-            if self.cluster is not None:
-                self.cluster.stop(grace_secs)
-        finally:
-            self.dispatcher.stop()
-            _log.info("tf.data service stopped in %.1fs", time.monotonic() - started)
+        deadline = time.monotonic() + timeout
+        failed = self._attempts.gang.failures
+        wait_for_servers({"worker": self.worker_addresses}, timeout, failed)
+        count = len(self.worker_addresses)
+        while not failed():
+            done = {r.index for r in self.reports if REGISTERED in r.metrics}
+            if len(done) >= count:
+                break
+            if time.monotonic() > deadline:
+                raise ReservationTimeout(
+                    f"only {len(done)} of {count} tf.data workers registered with the dispatcher in time "
+                    "(raise reservation_timeout, or check the executor logs)",
+                    registered=len(done),
+                    required=count,
+                )
+            time.sleep(_POLL_SECS)
+        if failed():
+            raise ClusterError("a tf.data worker failed while the service started")  # shutdown() names it
 
-    def __enter__(self) -> DataService:
-        return self
+    def summary(self) -> str:
+        """The dispatcher and its workers.
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self.shutdown()
-        except Exception as error:
-            if exc is None:
-                raise
-            # the block's own error is the one to see; a worker failure behind it is logged
-            _log.warning("while stopping the tf.data service after %r: %s", exc, error)
+        Examples
+        --------
+        >>> svc.summary()  # doctest: +SKIP
+        "grpc://10.0.0.1:5050, workers ['10.0.0.5:41234']"
+        """
+        return f"{self.target}, workers {self.worker_addresses}"
+
+    def _close(self) -> None:
+        """After the workers: stop the dispatcher."""
+        self._dispatch.shutdown()
 
 
 def data_service(
@@ -222,90 +327,29 @@ def data_service(
     >>> with tfonspark.data_service(sc, num_workers=2) as svc:  # doctest: +SKIP
     ...     ds = ds.apply(tf.data.experimental.service.distribute("distributed_epoch", svc.target))
     """
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ConfigError(f"data_service needs num_workers >= 1. Received: {num_workers!r}")
+    check_count("data_service", "num_workers", num_workers)
     chosen = (settings or Settings()).merged(setting_keywords)
     options = ClusterOptions(input_mode=InputMode.TENSORFLOW, reservation_timeout=reservation_timeout)
-    handover, address = reserve_dispatcher(sc)
-    args = DataWorkerArgs(address, heartbeat_interval_ms, wait_secs=float(reservation_timeout))
-    try:
-        # the dispatcher as a driver-held task: a serve-only node, so its supervisor restarts a killed
-        # WorkerServer in place at the same address (the dispatcher's worker list stays right)
-        tasks = {"dispatcher": [address]}
-        plan = prepare(
-            sc, None, args, num_workers, options, chosen, program="data_worker", launcher=launcher, driver_tasks=tasks
-        )
-        cluster = plan.start(Cluster)
-    except ReservationTimeout as error:
-        handover.release()
-        raise _named(error, num_workers) from error
-    except BaseException:
-        handover.release()
-        raise
-    try:
-        return _serve(cluster, handover, address, _Dispatch(work_dir, worker_timeout_ms), float(reservation_timeout))
-    finally:
-        handover.release()  # no-op once the dispatcher took the port
+    # the dispatcher as a driver-held task of every spec (the workers find it there): a serve-only
+    # node, so its supervisor restarts a killed WorkerServer in place at the same address (the
+    # dispatcher's worker list stays right)
+    args = DataWorkerArgs(heartbeat_interval_ms=heartbeat_interval_ms, wait_secs=float(reservation_timeout))
+    job = ServeOnly(
+        f"data_service(num_workers={num_workers}, each its own Spark task slot)",
+        "data_worker",
+        num_workers,
+        options,
+        "dispatcher",
+        tf_args=args,
+    )
+    opts = _Dispatch(work_dir, worker_timeout_ms)
 
+    def serve(running: Running) -> DataService:
+        assert running.held is not None  # the dispatcher's port
+        workers = running.attempts.gang.cluster_spec().get("worker", [])
+        return DataService(running, Dispatcher(running.held, workers, opts))
 
-def reserve_dispatcher(sc: SparkContext) -> tuple[PortHandover, str]:
-    """The dispatcher's port, reserved here until its server binds it, and its ``host:port`` for executors.
-
-    Examples
-    --------
-    >>> handover, address = reserve_dispatcher(sc)  # doctest: +SKIP
-    """
-    handover = PortHandover(reserve_port())
-    return handover, chief_address(driver_host(sc), handover.port)
-
-
-def dispatcher_for(handover: PortHandover, address: str, workers: list[str]) -> DataService:
-    """A service whose workers run elsewhere (the TF nodes): its dispatcher, told ``workers``' addresses.
-
-    Starts the ``DispatchServer`` on ``handover``'s port (:func:`reserve_dispatcher`); its
-    ``shutdown()`` stops the dispatcher only.
-
-    Examples
-    --------
-    >>> svc = dispatcher_for(handover, address, ["10.0.0.5:41234"])  # doctest: +SKIP
-    """
-    try:
-        dispatcher = _dispatcher(handover, workers, _Dispatch())
-    finally:
-        handover.release()
-    return DataService(None, dispatcher, f"grpc://{address}", list(workers))
-
-
-@dataclass(frozen=True)
-class _Dispatch:
-    """The dispatcher's own options: its journal and how long it waits for a silent worker."""
-
-    work_dir: str | None = None
-    worker_timeout_ms: int | None = None
-
-
-def _serve(cluster: Cluster, handover: PortHandover, address: str, opts: _Dispatch, timeout: float) -> DataService:
-    """Start the dispatcher for ``cluster``'s workers and wait until each has registered."""
-    started = time.monotonic()
-    spec = cluster.server.cluster_spec
-    workers = list(spec["worker"]) if spec else []
-    try:
-        dispatcher = _dispatcher(handover, workers, opts)
-    except BaseException:
-        cluster.stop(grace_secs=0)
-        raise
-    svc = DataService(cluster, dispatcher, f"grpc://{address}", workers)
-    try:
-        wait_for_servers({"worker": workers}, timeout, cluster.server.failures)
-        _wait_registered(cluster, len(workers), started + timeout)
-    except BaseException:
-        svc.shutdown(grace_secs=0)
-        raise
-    if cluster.server.failures():
-        svc.shutdown(grace_secs=0)  # raises NodeFailed naming the worker
-        raise ClusterError("a tf.data worker failed while the service started")
-    _log.info("tf.data service up in %.1fs: %s, workers %s", time.monotonic() - started, svc.target, workers)
-    return svc
+    return start_serving(sc, job, chosen, launcher, serve)
 
 
 def _dispatcher(handover: PortHandover, workers: list[str], opts: _Dispatch) -> Any:
@@ -326,26 +370,20 @@ def _dispatcher(handover: PortHandover, workers: list[str], opts: _Dispatch) -> 
         handover.release()
 
 
-def _wait_registered(cluster: Cluster, count: int, deadline: float) -> None:
-    """Wait until ``count`` workers reported their registration with the dispatcher."""
-    while not cluster.server.failures():
-        done = {r.index for r in cluster.reports if REGISTERED in r.metrics}
-        if len(done) >= count:
-            return
+def _reported(cluster: Cluster, count: int, timeout: float) -> list[str]:
+    """The addresses of the ``count`` workers in ``cluster``'s nodes, once each reported its own."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cluster.failure is not None:
+            raise cluster.failure
+        found = {r.node: str(r.metrics[ADDRESS]) for r in cluster.reports if ADDRESS in r.metrics}
+        if len(found) >= count:
+            return [found[node] for node in sorted(found)]
         if time.monotonic() > deadline:
             raise ReservationTimeout(
-                f"only {len(done)} of {count} tf.data workers registered with the dispatcher in time "
-                "(raise reservation_timeout, or check the executor logs)",
-                registered=len(done),
+                f"only {len(found)} of the {count} TF nodes that run a tf.data worker "
+                f"(data_service_on='nodes') reported its address within {timeout:g}s; check the executor logs",
+                registered=len(found),
                 required=count,
             )
-        time.sleep(_POLL_SECS)
-
-
-def _named(error: ReservationTimeout, num_workers: int) -> ReservationTimeout:
-    """``error`` saying which ``data_service`` call needed the slots."""
-    return ReservationTimeout(
-        f"data_service(num_workers={num_workers}, each its own Spark task slot): {error}",
-        registered=error.registered,
-        required=error.required,
-    )
+        time.sleep(0.05)

@@ -3,36 +3,27 @@
 TF 2's ``ParameterServerStrategy`` is driven by one program, the coordinator, which holds the
 ``chief`` task and sends functions to ``worker`` tasks whose variables live on ``ps`` tasks. On
 Spark that program is the driver. :func:`ps_cluster` starts ``num_workers + num_ps`` nodes as one
-barrier gang (the usual start path: :func:`tfonspark.driver.launch.start`), each running
-:func:`tfonspark.tfprocess.server.serve` (a ``tf.distribute.Server`` for its task, no user code),
-and adds a ``chief`` task at the driver's address to every node's cluster spec. The port of that
-task is reserved here and handed to the coordinator's own server as it binds it
-(:func:`tfonspark.ports.hand_over_port`), so no other process takes it meanwhile.
+barrier gang, the serve-only start of :mod:`.serving`, each running
+:func:`tfonspark.tfprocess.server.serve` (a ``tf.distribute.Server`` for its task, no user code:
+the ``ps`` row of :mod:`tfonspark.driver.programs`), and adds a ``chief`` task at the driver's
+address to every node's cluster spec. The port of that task is reserved here and handed to the
+coordinator's own server as it binds it (:func:`tfonspark.ports.hand_over_port`), so no other
+process takes it meanwhile.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ...config import InputMode
-from ...errors import ConfigError, NodeFailed, ReservationTimeout
-from ...ports import PortHandover, hand_over_port, reserve_port
+from ...errors import ConfigError
 from ...settings import Settings
 from ...tfprocess.hints import add_ps_hint
-from ...tfprocess.server import (
-    coordinator_spec,
-    servers_accepting,
-    wait_for_servers,
-)
-from ..cluster import Cluster
-from ..nodes.node_events import ServerRestart
+from ...tfprocess.server import coordinator_spec, servers_accepting, wait_for_servers
+from ..cluster import Running
 from ..options import ClusterOptions, SettingKeywords
-from ..plan import driver_host, prepare
-from ..programs import ProgramKind
+from .serving import ServeOnly, ServingCluster, check_count, start_serving
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -41,21 +32,17 @@ if TYPE_CHECKING:
 
     from ..nodes.launcher import Launcher
 
-__all__ = ["PSCluster", "chief_address", "ps_cluster", "servers_accepting"]
-
-_log = logging.getLogger(__name__)
+__all__ = ["PSCluster", "ps_cluster", "servers_accepting"]
 
 
-def chief_address(host: str, port: int) -> str:
-    """The ``host:port`` of the driver's ``chief`` task, as TF's cluster specs write it (IPv6 in brackets)."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-class PSCluster:
+class PSCluster(ServingCluster):
     """A running parameter-server cluster whose coordinator (``chief``) is this driver process.
 
-    Made by :func:`ps_cluster`; a context manager that stops every node when the block ends.
-    ``cluster`` is the underlying :class:`~tfonspark.Cluster` (``cluster_info``, ``reports``).
+    Made by :func:`ps_cluster`; a context manager that stops every node when the block ends. It is
+    the cluster's handle (``cluster_info``, ``reports``, ``server_restarts``); ``cluster`` is
+    the handle itself, for code that read ``cluster.cluster.reports``. ``shutdown()`` stops the
+    nodes and frees the chief's port; the coordinator's own server, in this process, stays bound
+    until the process ends: TensorFlow cannot stop it.
 
     Examples
     --------
@@ -63,24 +50,13 @@ class PSCluster:
     ...     strategy = tf.distribute.ParameterServerStrategy(cluster.cluster_resolver())
     """
 
-    def __init__(self, cluster: Cluster, chief: str, handover: PortHandover) -> None:
-        """Made by :func:`ps_cluster`, which starts the nodes first."""
-        self.cluster = cluster
-        self.chief = chief  #: ``host:port`` of the driver's ``chief`` task
-        self._handover = handover
+    what = "parameter-server cluster"
+    failure_causes_block_error = True  # a ps died: TF's error in the block is its effect
 
-    @property
-    def cluster_spec(self) -> dict[str, list[str]]:
-        """``{"chief": [driver], "ps": [...], "worker": [...]}``: what every node's ``TF_CONFIG`` has."""
-        spec = self.cluster.server.cluster_spec
-        assert spec is not None  # the nodes are up, so the spec was formed
-        return {job: list(hosts) for job, hosts in spec.items()}
-
-    @property
-    def server_restarts(self) -> list[ServerRestart]:
-        """Worker servers restarted in place after they died (docs/ps.md), oldest first:
-        ``cluster.server_restarts[0].down_s``."""
-        return self.cluster.server_restarts
+    def __init__(self, running: Running) -> None:
+        """Made by :func:`ps_cluster` once the nodes are up."""
+        super().__init__(running)
+        self.chief = self.reserved.address  #: ``host:port`` of the driver's ``chief`` task
 
     def cluster_resolver(self, rpc_layer: str = "grpc") -> Any:
         """The driver's ``SparkClusterResolver``: task ``chief`` 0 of this cluster.
@@ -100,47 +76,22 @@ class PSCluster:
         spec = coordinator_spec(self.cluster_spec)  # TF's coordinator would wait for an evaluator
         return resolver.SparkClusterResolver(spec, "chief", 0, rpc_layer=rpc_layer)
 
-    def shutdown(self, grace_secs: float = 2.0) -> None:
-        """Stop every node's server (SIGTERM, then SIGKILL after ``grace_secs``) and free the chief's port.
-
-        Raises NodeFailed if a node had failed before. The coordinator's own server, in this
-        process, stays bound until the process ends: TensorFlow cannot stop it.
+    def wait_serving(self, timeout: float) -> None:
+        """Wait until every ps and worker server listens (or a node failed: the caller raises that).
 
         Parameters
         ----------
-        grace_secs : float
-            How long each node's TF process gets between SIGTERM and SIGKILL.
+        timeout : float
+            Seconds to wait before a ReservationTimeout names the servers that do not listen.
 
         Examples
         --------
-        >>> cluster.shutdown()  # doctest: +SKIP
+        >>> cluster.wait_serving(60)  # doctest: +SKIP
         """
-        started = time.monotonic()
-        try:
-            self.cluster.stop(grace_secs)
-        finally:
-            self._handover.release()  # no-op once the coordinator's server took the port
-            _log.info("parameter-server cluster stopped in %.1fs", time.monotonic() - started)
+        wait_for_servers(self.cluster_spec, timeout, self._attempts.gang.failures)
 
-    def __enter__(self) -> PSCluster:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None:
-            self.shutdown()
-            return
+    def _explain(self, exc: BaseException) -> None:
         add_ps_hint(exc)  # e.g. Keras 3's model.fit under PS: name the route that works
-        try:
-            self.shutdown()
-        except NodeFailed as failed:  # the cause of TF's error in the block (a ps died): raise it, chained
-            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: theirs goes on
-                _log.warning("while stopping the parameter-server cluster after %r: %s", exc, failed)
-                return
-            raise failed from exc
-        except Exception as error:  # the block's own error is the one to see
-            _log.warning("while stopping the parameter-server cluster after %r: %s", exc, error)
 
 
 def ps_cluster(
@@ -191,7 +142,7 @@ def ps_cluster(
         the checkpoints the driver saves. It runs no TF server and is left out of the driver's
         resolver; leaving the block stops it with SIGTERM, after which ``sidecar_evaluate``
         evaluates the last checkpoint (within ``shutdown(grace_secs=...)``). Its reports are
-        in ``cluster.cluster.reports``.
+        in ``cluster.reports``.
     **setting_keywords : SettingKeywords
         Fields of ``Settings`` by name, merged into ``settings``.
 
@@ -206,7 +157,8 @@ def ps_cluster(
     ...     coordinator.schedule(train_step, args=(iter(per_worker_dataset),))
     ...     coordinator.join()
     """
-    _check_counts(num_workers, num_ps)
+    for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
+        check_count("ps_cluster", name, value, " (ParameterServerStrategy)")
     if evaluator is not None and not callable(evaluator):
         raise ConfigError(f"evaluator must be callable or None. Received: {type(evaluator).__name__}")
     chosen = (settings or Settings()).merged(setting_keywords)
@@ -218,45 +170,14 @@ def ps_cluster(
         max_restarts=max_restarts,
         eval_node=evaluator is not None,
     )
-    held = reserve_port()  # the chief's port: held until the coordinator's server binds it
-    chief = chief_address(driver_host(sc), held.getsockname()[1])
-    handover = hand_over_port(held)
-    started = time.monotonic()
-    try:
-        program: ProgramKind = "ps" if evaluator is None else "ps_evaluator"
-        nodes = num_workers + num_ps + int(evaluator is not None)
-        tasks = {"chief": [chief]}
-        plan = prepare(
-            sc, evaluator, None, nodes, options, chosen, program=program, launcher=launcher, driver_tasks=tasks
-        )
-        cluster = plan.start(Cluster)
-    except ReservationTimeout as error:
-        handover.release()
-        raise _named(error, num_workers, num_ps, driver_ps_nodes) from error
-    except BaseException:
-        handover.release()
-        raise
-    ps = PSCluster(cluster, chief, handover)
-    try:
-        wait_for_servers(ps.cluster_spec, float(reservation_timeout), cluster.server.failures)
-    except BaseException:
-        ps.shutdown(grace_secs=0)
-        raise
-    _log.info("parameter-server cluster up in %.1fs: %s", time.monotonic() - started, ps.cluster_spec)
-    return ps
-
-
-def _check_counts(num_workers: int, num_ps: int) -> None:
-    for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"ps_cluster needs {name} >= 1 (ParameterServerStrategy). Received: {value!r}")
-
-
-def _named(error: ReservationTimeout, num_workers: int, num_ps: int, driver_ps_nodes: bool) -> ReservationTimeout:
-    """``error`` saying which ``ps_cluster`` call needed the slots."""
     where = "ps on the driver" if driver_ps_nodes else "each its own Spark task slot"
-    return ReservationTimeout(
-        f"ps_cluster(num_workers={num_workers}, num_ps={num_ps}, {where}): {error}",
-        registered=error.registered,
-        required=error.required,
+    job = ServeOnly(
+        f"ps_cluster(num_workers={num_workers}, num_ps={num_ps}, {where})",
+        "ps" if evaluator is None else "ps_evaluator",
+        num_workers + num_ps + int(evaluator is not None),
+        options,
+        "chief",
+        hand_over=True,  # the chief's port: held until the coordinator's server (TF's, in this process) binds it
+        fn=evaluator,
     )
+    return start_serving(sc, job, chosen, launcher, PSCluster)
