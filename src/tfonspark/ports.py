@@ -54,7 +54,7 @@ other way (a child process, a library outside Python and TF) needs ``ctx.release
 
 **Other binds**: :func:`listen_reusable` is the rendezvous server's listening socket
 (``SO_REUSEADDR``, so that a fixed ``server_port`` binds again while the last attempt's
-connections are in TIME-WAIT); :func:`accepts` and :func:`wait_accepting` probe a server.
+connections are in TIME-WAIT). Whether a server listens yet is :mod:`tfonspark.probes`' question.
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ __all__ = [
     "SERVER_STARTS",
     "Listener",
     "PortHandover",
-    "accepts",
     "foreign_listeners",
     "hand_over_port",
     "listen_reusable",
@@ -89,13 +88,11 @@ __all__ = [
     "seal_port",
     "send_port",
     "share_port",
-    "wait_accepting",
 ]
 
 _log = logging.getLogger(__name__)
 
 _PORT_MESSAGE = b"P"  # what comes with a port's socket on a Unix socket (send_port)
-_PROBE_SECS = 0.05  # between connection attempts to a server that (re)starts
 
 
 # ---- the reservation ------------------------------------------------------------------------------
@@ -263,25 +260,6 @@ def _proc_listeners(table: str, port: int) -> list[Listener]:
         family = socket.AF_INET6 if len(raw) == 16 else socket.AF_INET
         out.append(Listener(socket.inet_ntop(family, raw), port, int(fields[7]), int(fields[9])))
     return out
-
-
-def accepts(address: tuple[str, int], timeout: float = 1.0) -> bool:
-    """Whether ``address`` (a host, brackets allowed, and a port) accepts a TCP connection now."""
-    try:
-        with socket.create_connection((address[0].strip("[]"), address[1]), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def wait_accepting(address: tuple[str, int], timeout: float, done: threading.Event) -> bool:
-    """Whether ``address`` accepts a TCP connection within ``timeout`` (False at once once ``done``)."""
-    deadline = time.monotonic() + timeout
-    while not done.is_set() and time.monotonic() < deadline:
-        if accepts(address):
-            return True
-        done.wait(_PROBE_SECS)
-    return False
 
 
 def listen_reusable(host: str, ports: Iterable[int], backlog: int) -> socket.socket:

@@ -19,8 +19,8 @@ import pytest
 
 import tfonspark
 from tfonspark.errors import ReservationTimeout
+from tfonspark.probes import servers_accepting
 from tfonspark.tfprocess.data_worker import split_address
-from tfonspark.tfprocess.server import servers_accepting
 
 from .conftest import node_processes, wait_until
 

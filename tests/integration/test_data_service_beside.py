@@ -13,7 +13,7 @@ import time
 
 import tfonspark
 from tfonspark.driver.services import data_service
-from tfonspark.tfprocess.server import servers_accepting
+from tfonspark.probes import servers_accepting
 
 from .conftest import by_value
 

@@ -21,8 +21,8 @@ import pytest
 
 import tfonspark
 from tfonspark.errors import NodeFailed
+from tfonspark.probes import servers_accepting
 from tfonspark.tfprocess.data_worker import ADDRESS
-from tfonspark.tfprocess.server import servers_accepting
 
 from .conftest import by_value, wait_until
 

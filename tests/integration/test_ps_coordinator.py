@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tfonspark
 from tfonspark.errors import NodeFailed
-from tfonspark.tfprocess.server import servers_accepting
+from tfonspark.probes import servers_accepting
 
 from .conftest import by_value, wait_until
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tfonspark
 from tfonspark.errors import NodeFailed
-from tfonspark.tfprocess.server import servers_accepting
+from tfonspark.probes import servers_accepting
 
 from .conftest import by_value, node_processes, run_driver, wait_until
 

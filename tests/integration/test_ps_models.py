@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfonspark.tfprocess.server import servers_accepting
+from tfonspark.probes import servers_accepting
 
 from .conftest import run_driver
 

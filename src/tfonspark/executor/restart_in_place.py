@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable
 
 from ..config import NodeConfig
-from ..ports import seal_port, wait_accepting
+from ..ports import seal_port
+from ..probes import wait_accepting
 from ..wire import events as ev
 from ..wire import messages as m
 from .relay import Relay

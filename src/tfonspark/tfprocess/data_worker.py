@@ -35,7 +35,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..ports import PortHandover, pending_handovers, release_handovers, reserve_port
-from .server import ServerNode, servers_accepting
+from ..probes import servers_accepting
+from .server import ServerNode
 
 __all__ = [
     "ADDRESS",

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ReservationTimeout
-from ..ports import accepts, release_handovers
+from ..ports import release_handovers
+from ..probes import wait_for_servers
 
 __all__ = [
     "ChiefCoordinator",
@@ -28,9 +27,7 @@ __all__ = [
     "leave_out_evaluator",
     "run_evaluator",
     "serve",
-    "servers_accepting",
     "start_cluster_server",
-    "wait_for_servers",
 ]
 
 _log = logging.getLogger(__name__)
@@ -152,37 +149,3 @@ def leave_out_evaluator(ctx: ServerNode) -> None:
     ctx.cluster_spec = coordinator_spec(ctx.cluster_spec)
     if TF_CONFIG_ENV in os.environ:
         os.environ[TF_CONFIG_ENV] = build_tf_config(ctx.cluster_spec, ctx.job_name, ctx.task_index)
-
-
-_PROBE_SECS = 0.1  # between connection attempts while the servers start
-
-
-def servers_accepting(spec: Mapping[str, Sequence[str]], jobs: Sequence[str] = ("ps", "worker")) -> dict[str, bool]:
-    """For each task of ``jobs`` (``"worker:0"``), whether its address accepts a TCP connection now."""
-    out = {}
-    for job in jobs:
-        for index, address in enumerate(spec.get(job, ())):
-            host, _, port = address.rpartition(":")
-            out[f"{job}:{index}"] = accepts((host, int(port)), timeout=2)
-    return out
-
-
-def wait_for_servers(
-    spec: Mapping[str, Sequence[str]], timeout: float, failed: Callable[[], object] = lambda: False
-) -> None:
-    """Wait until every ps and worker server of ``spec`` listens, or until ``failed()`` says a node
-    failed (the caller then raises that); raise ReservationTimeout naming the others after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not failed():
-        accepting = servers_accepting(spec)
-        waiting = [task for task, ok in accepting.items() if not ok]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise ReservationTimeout(
-                f"the TensorFlow servers of {', '.join(waiting)} did not accept connections within {timeout:.0f}s "
-                "(raise reservation_timeout, or check the executor logs)",
-                registered=len(accepting) - len(waiting),
-                required=len(accepting),
-            )
-        time.sleep(_PROBE_SECS)

@@ -25,7 +25,6 @@ import collections
 import contextlib
 import logging
 import operator
-import os
 import socket
 import threading
 import time
@@ -36,6 +35,7 @@ from ... import settings
 from ...errors import ConfigError, ProtocolError
 from ...executor.relay import MAX_EVENT_BYTES
 from ...host import is_wildcard
+from ...ports import listen_reusable
 from ...wire import events as ev
 from ...wire import messages as m
 from ...wire.events import MAX_FEED_ID
@@ -113,27 +113,17 @@ def _port_candidates(spec: str | None) -> list[int]:
 def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4096) -> socket.socket:
     """A listening socket on ``host`` at the first free port of ``port_spec`` (any port if empty).
 
-    ``SO_REUSEADDR`` lets a fixed ``server_port`` be bound again while connections of the last
-    server on it are in TIME-WAIT (a restart with ``max_restarts``). On POSIX it never lets two
-    live listeners share a port, nor takes a port another socket holds without the option (a
-    node's reservation); ``SO_REUSEPORT``, which would, is never set.
+    The bind itself is :func:`tfonspark.ports.listen_reusable` (``SO_REUSEADDR``, never
+    ``SO_REUSEPORT``: a fixed ``server_port`` is bound again after a restart, a node's
+    reservation is never taken); here the setting is read and a failure named.
     """
-    last: OSError | None = None
-    for port in _port_candidates(port_spec):
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            if os.name == "posix":  # on Windows the option means what SO_REUSEPORT means on Linux
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(backlog)
-            return sock
-        except OSError as exc:
-            sock.close()
-            last = exc
-    raise ConfigError(
-        f"cannot listen on {host} at port(s) {port_spec!r}: {last}; "
-        f"choose another port range or address with {_SERVER_SETTINGS}"
-    )
+    try:
+        return listen_reusable(host, _port_candidates(port_spec), backlog)
+    except OSError as last:
+        raise ConfigError(
+            f"cannot listen on {host} at port(s) {port_spec!r}: {last}; "
+            f"choose another port range or address with {_SERVER_SETTINGS}"
+        ) from None
 
 
 class RendezvousServer:

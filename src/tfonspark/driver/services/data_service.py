@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...config import InputMode
 from ...errors import ClusterError, ReservationTimeout
+from ...probes import wait_for_servers
 from ...settings import Settings
 from ...tfprocess.data_worker import ADDRESS, REGISTERED, DataWorkerArgs, distribute
-from ...tfprocess.server import wait_for_servers
 from ..cluster import Cluster, Reserved, Running
 from ..options import ClusterOptions, SettingKeywords
 from ..plan import reserve_task

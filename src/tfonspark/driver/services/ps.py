@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...config import InputMode
 from ...errors import ConfigError
+from ...probes import servers_accepting, wait_for_servers
 from ...settings import Settings
 from ...tfprocess.hints import add_ps_hint
-from ...tfprocess.server import coordinator_spec, servers_accepting, wait_for_servers
+from ...tfprocess.server import coordinator_spec
 from ..cluster import Running
 from ..options import ClusterOptions, SettingKeywords
 from .serving import ServeOnly, ServingCluster, check_count, start_serving
