@@ -17,11 +17,15 @@ $(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
 demo: $(VENV)/.installed
 	$(PY) -m tfonspark.demo $(DEMO_ARGS)
 
+# ends by printing its wall time and the ten slowest tests (tests/timings.py); every test's
+# duration goes to build/durations.txt
 test: $(VENV)/.installed
+	@date +%s > .test-started
 	$(PY) -m ruff check $(LINT_DIRS)
 	$(PY) -m ruff format --check $(LINT_DIRS)
 	$(PY) -m mypy src
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests -p tests.timings -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	@echo "make test: $$(( $$(date +%s) - $$(cat .test-started) )) s wall time in all (lint, types, tests)"; rm -f .test-started
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
