@@ -93,7 +93,7 @@ def by_value(module_name: str) -> None:
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
 
 
-def run_tf_workers(script: Path, args_of, tmp: Path, *, timeout: float = 60.0, **extra_env: str) -> list[dict]:
+def run_tf_workers(script: Path, args_of, tmp: Path, *, timeout: float = 300.0, **extra_env: str) -> list[dict]:
     """Run ``script`` as two MWMS workers over 127.0.0.1 (TF_CONFIG set, no Spark); wait for both.
 
     ``args_of(index)`` gives worker ``index``'s command-line arguments after the script, the last

@@ -15,7 +15,7 @@ import pytest
 from .conftest import run_tf_workers
 
 WORKER = Path(__file__).with_name("keras_worker.py")
-TIMEOUT_S = 60
+TIMEOUT_S = 300  # a hang guard: two MWMS workers on 2 busy cores took over 60 s (load ~9)
 
 
 def _run_cluster(phase: str, tmp: Path, **extra_env: str) -> list[dict]:
