@@ -53,7 +53,7 @@ class ByteQueue:
         self.capacity = capacity
         self.nbytes = 0
         self.reserved = 0
-        self.reads = 0  # map_fun's reads that took rows (note_read): its progress, for pacing
+        self._reads = 0  # map_fun's reads that took rows (note_read): its progress, for pacing
         self._items: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._ends: collections.deque[object] = collections.deque()  # committed partitions' markers
         self._cond = threading.Condition()
@@ -71,7 +71,12 @@ class ByteQueue:
 
     def note_read(self) -> None:
         """map_fun read rows: progress, which keeps paced feeders waiting (``FeedServer._pace``)."""
-        self.reads += 1
+        self._reads += 1
+
+    @property
+    def reads(self) -> int:
+        """How many reads took rows so far (:meth:`note_read`): the pacing's sign of progress."""
+        return self._reads
 
     def wake(self) -> None:
         """Wake every waiter to look at its condition again (a release of held Acks)."""
