@@ -17,7 +17,7 @@ from tfonspark.errors import ProtocolError
 from tfonspark.wire import framing as f
 from tfonspark.wire.listener import Listener
 
-from .attack import rendezvous_scenario
+from tests.unit.attack import rendezvous_scenario
 
 SECRET = bytes(range(32))
 
