@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "tfonspark"
+SRC = Path(__file__).resolve().parents[3] / "src" / "tfonspark"
 
 #: "receiver._name" -> why it is allowed (third-party and stdlib privates with no public form,
 #: and the few of tfonspark's own that cannot have a public name yet)

@@ -9,7 +9,7 @@ inside a module the package imports) is a circle too. The direction between laye
 
 from __future__ import annotations
 
-from ._graph import cycles, graph
+from tests.unit._graph import cycles, graph
 
 FACES = {
     "tfonspark.compat",

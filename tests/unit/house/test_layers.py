@@ -7,7 +7,7 @@ package with everything in it (``driver/``). A module belongs to the room that n
 closely. Every module must have a room; a module may import modules of its own layer or of a
 lower one, never of a higher one. Every ``import`` counts, lazy and ``TYPE_CHECKING`` ones too
 (``_graph.py``). The page also shows the arrows between rooms (``summary()``); regenerate that
-block with ``python -m tests.unit.test_layers`` when an arrow between rooms appears or goes.
+block with ``python -m tests.unit.house.test_layers`` when an arrow between rooms appears or goes.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ._graph import graph
+from tests.unit._graph import graph
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
 HEADER = "| layer | rooms | job |"
 
 
@@ -93,7 +93,7 @@ def test_imports_never_go_up_a_layer():
 
 def test_the_page_shows_the_current_arrows_between_rooms():
     text = DOC.read_text()
-    assert summary(text) in text, "docs/architecture.md: regenerate with python -m tests.unit.test_layers"
+    assert summary(text) in text, "docs/architecture.md: regenerate with python -m tests.unit.house.test_layers"
 
 
 def test_the_checker_finds_an_upward_import():
