@@ -1,14 +1,11 @@
-"""The wire: HMAC mutual-auth handshake, signed and sequenced frames, typed JSON messages."""
+"""wire/framing.py: the HMAC mutual-auth handshake, signed and sequenced frames, unix sockets, deadlines."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import hmac
-import io
 import os
-import pickle
-import shlex
 import socket
 import struct
 import threading
@@ -18,14 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.unit.wire._handshake import SECRET, Listener, handshake_pair
 from tfonspark.errors import AuthenticationError, ProtocolError
-from tfonspark.wire import bootstrap, packing
-from tfonspark.wire import buffers as bufs
-from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
-from tfonspark.wire import messages as m
 
-SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
 
 
@@ -51,94 +44,6 @@ def frame_bytes(conn: f.Connection, *parts) -> bytes:
     finally:
         conn.sock = real
     return bytes(rec.data)
-
-
-class Listener:
-    """A listening socket whose accepted sockets run ``server_handshake``: TCP on 127.0.0.1
-    (signed frames) or, with ``unix=True``, a ``listen_unix`` socket (unsigned frames)."""
-
-    def __init__(
-        self, secret: bytes = SECRET, max_frame: int = f.DEFAULT_MAX_FRAME, timeout: float = 5.0, unix: bool = False
-    ) -> None:
-        self.secret, self.max_frame, self.timeout, self.unix = secret, max_frame, timeout, unix
-        if unix:
-            sock = f.listen_unix("tfos-feed-")
-            assert sock is not None
-            self.sock = sock
-        else:
-            self.sock = socket.socket()
-            self.sock.bind(("127.0.0.1", 0))
-            self.sock.listen(16)
-        self.address = self.sock.getsockname()
-
-    def accept(self) -> tuple[f.Connection | None, BaseException | None]:
-        self.sock.settimeout(10)
-        s, _ = self.sock.accept()
-        try:
-            return f.server_handshake(
-                s, self.secret, timeout=self.timeout, max_frame=self.max_frame, signed=not self.unix
-            ), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            s.close()
-            return None, exc
-
-    def connect(self, secret: bytes, max_frame: int) -> f.Connection:
-        if self.unix:
-            return f.connect_unix(self.address, secret, timeout=5, max_frame=max_frame)
-        return f.connect(self.address, secret, timeout=5, max_frame=max_frame)
-
-    def close(self) -> None:
-        self.sock.close()
-        if self.unix:  # established connections outlive the socket file
-            f.remove_unix_socket(self.address)
-
-
-def handshake_pair(
-    server_secret: bytes = SECRET,
-    client_secret: bytes = SECRET,
-    max_frame: int = f.DEFAULT_MAX_FRAME,
-    unix: bool = False,
-):
-    """(server_conn, server_exc, client_conn, client_exc) for one connection (see Listener)."""
-    lis = Listener(server_secret, max_frame, unix=unix)
-    out: dict = {}
-
-    def serve() -> None:
-        out["server"] = lis.accept()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    client, client_exc = None, None
-    try:
-        client = lis.connect(client_secret, max_frame)
-    except BaseException as exc:  # noqa: BLE001
-        client_exc = exc
-    t.join(10)
-    assert not t.is_alive(), "server handshake hung"
-    lis.close()
-    server, server_exc = out["server"]
-    return server, server_exc, client, client_exc
-
-
-@pytest.fixture
-def pair():
-    server, s_exc, client, c_exc = handshake_pair()
-    assert s_exc is None and c_exc is None
-    server.settimeout(5)
-    client.settimeout(5)
-    yield server, client
-    server.close()
-    client.close()
-
-
-def _evil_payload(target: Path) -> bytes:
-    """A pickle that runs ``touch target`` when (and only when) it is unpickled."""
-
-    class Evil:
-        def __reduce__(self):
-            return os.system, (f"touch {shlex.quote(str(target))}",)
-
-    return pickle.dumps(Evil())
 
 
 # ---- handshake --------------------------------------------------------------------------------
@@ -542,207 +447,11 @@ def test_listen_unix_declines_paths_longer_than_the_platform_allows(monkeypatch,
 
 # ---- messages ---------------------------------------------------------------------------------
 
-EXAMPLES = [
-    m.Register(executor_id=3, host="10.0.0.1", port=2222, executor_key="abcd", pid=42, cluster_id="c1"),
-    m.ClusterReady(job_name="worker", task_index=1, cluster_spec={"ps": ["h:1"], "worker": ["h:2", "h:3"]}),
-    m.Reject(reason="no such executor: ünïcødé"),
-    m.Heartbeat(),
-    ev.FeedStalled(feed_id="f1", partition=3, received=16, timeout=2.5, train=False),
-    ev.Reported(metrics={"loss": 0.5, "step": 3, "tags": ["a"]}),
-    ev.EpochRead(feed_id="f1", epoch=2),
-    ev.ServerRestarted(restart=1, limit=3, exit_code=-9, down_s=7.3),
-    ev.TaskExit(exit_code=-9, stopped=True, traceback="tb"),
-    ev.FeedTerminated(),
-    ev.FeedRefused(feed_id="f1", partition=2, reason="delivered already"),
-    ev.FeedHeld(feed_id="f1", partition=5),
-    ev.FeedStarved(qname="input", waited=31.5),
-    ev.FeedWaiting(what="data", waited=30.0, setting="feed_timeout", feed_id="f1", partition=2),
-    ev.FeedSocket(data_path="/tmp/tfos-feed-x/feed.sock"),
-    ev.ProcessUp(host="10.0.0.7", data_port=5555, data_path="", tensorboard_url="http://x"),
-    ev.ProcessError(traceback="Traceback (most recent call last):\n  ..."),
-    ev.TaskUp(tf_pid=99),
-    ev.TaskFailed(reason="stopped (SIGTERM) before the TF process started"),
-    ev.TaskRejected(reason="executor id 7 is not part of this cluster"),
-    m.NodeUp(
-        executor_id=1,
-        tf_pid=99,
-        data_host="127.0.0.1",
-        data_port=5000,
-        tensorboard_url="http://x",
-        data_path="/tmp/tfos-feed-x/feed.sock",
-    ),
-    m.NodeExit(executor_id=1, exit_code=-9, traceback="Traceback...\n", output_tail="tail", stopped=True),
-    m.Stop(grace_secs=2.5),
-    m.StopRequest(cluster_id="c1", reason="operator"),
-    m.Ack(count=7),
-    m.FeedStart(qname="input", train=False, partition=4, columns=["a", "b"]),
-    m.FeedEnd(count=100),
-    m.FeedClose(qname="input"),
-    m.FeedRelease(qname="input", feed_id="f1", final=True),
-    m.Terminate(),
-    m.Pending(),
-    m.ResultsEnd(count=100),
-]
-
-
-def test_examples_cover_every_message_type():
-    assert {type(e) for e in EXAMPLES} == set(m._REGISTRY.values())
-
-
-@pytest.mark.parametrize("message", EXAMPLES, ids=lambda e: type(e).__name__)
-def test_messages_round_trip(message):
-    payload = m.encode(message)
-    assert payload[:1] == m.JSON_KIND
-    assert m.decode(payload) == message
-    assert m.decode(memoryview(payload)) == message
-
-
-def test_messages_round_trip_over_a_connection(pair):
-    server, client = pair
-    for message in EXAMPLES:
-        m.send_message(client, message)
-        assert m.recv_message(server) == message
-
-
-def test_recv_message_enforces_the_expected_types(pair):
-    server, client = pair
-    m.send_message(client, m.Ack(1))
-    with pytest.raises(ProtocolError, match="expected register, received ack"):
-        m.recv_message(server, m.Register)
-    m.send_message(client, m.Stop())
-    assert isinstance(m.recv_message(server, m.Register, m.Stop), m.Stop)
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        b"",
-        b"Jnot json",
-        b'J{"type":"no_such_type"}',
-        b'J{"count":1}',  # no type
-        b'J{"type":"ack","count":1,"admin":true}',  # unknown field
-        b'J{"type":"feed_end"}',  # missing field
-        b'J{"type":"","count":1}',  # the base class is not a message
-        b'J{"type":["ack"]}',
-        b"J[1, 2]",
-        b'J"ack"',  # JSON that is not an object
-        b"J1",
-        b"J" + b"[" * 100_000 + b"]" * 100_000,  # nesting deep enough to blow the stack
-        b"J\xff\xfe",  # not UTF-8
-        b'B{"type":"ack"}',  # a batch frame where a message belongs
-        b'{"type":"ack","count":1}',  # no kind byte
-    ],
-    ids=repr,
-)
-def test_decode_rejects_malformed_messages(payload):
-    with pytest.raises(ProtocolError):
-        m.decode(payload)
-
-
-def test_decode_never_unpickles(tmp_path):
-    live = tmp_path / "proof-the-payload-is-live"
-    pickle.loads(_evil_payload(live))  # the gadget really runs code when unpickled ...
-    assert live.exists()
-
-    target = tmp_path / "pwned"
-    evil = _evil_payload(target)
-    for payload in (evil, b"J" + evil, b"B" + evil, memoryview(evil)):
-        with pytest.raises(ProtocolError):
-            m.decode(payload)
-    assert not target.exists()  # ... but decode never unpickles it
-
-
-def test_recv_message_never_unpickles(pair, tmp_path):
-    server, client = pair
-    target = tmp_path / "pwned"
-    client.send(_evil_payload(target))  # an authenticated peer, still no pickle on the control plane
-    with pytest.raises(ProtocolError):
-        m.recv_message(server)
-    assert not target.exists()
-
 
 # ---- bootstrap ----------------------------------------------------------------------------------
 
 
-def test_bootstrap_round_trip():
-    stream = io.BytesIO()
-    bootstrap.write_bootstrap(stream, {"config": "{}", "port_fd": 7}, b"\x00payload\xff" * 1000)
-    stream.seek(0)
-    header, payload = bootstrap.read_bootstrap(stream)
-    assert header == {"config": "{}", "port_fd": 7}
-    assert payload == b"\x00payload\xff" * 1000
-
-
-@pytest.mark.parametrize("cut", [0, 3, 8, 12, -1])
-def test_bootstrap_truncated_is_a_protocol_error(cut):
-    stream = io.BytesIO()
-    bootstrap.write_bootstrap(stream, {"a": 1}, b"payload")
-    data = stream.getvalue()
-    with pytest.raises(ProtocolError, match="truncated"):
-        bootstrap.read_bootstrap(io.BytesIO(data[:cut]))
-
-
 # ---- reused receive buffers ------------------------------------------------------------------------
-
-BIG = 1024 * 1024
-
-
-def test_recv_buffers_reuse_memory_once_no_view_of_it_is_alive():
-    pool = bufs.RecvBuffers(16 * BIG)
-    first = pool.take(4 * BIG)
-    first[:5] = b"first"
-    buffers = [first.obj]  # references, not views: they do not keep a buffer in use
-    held = np.frombuffer(first[:5], np.uint8)  # a decoded batch is a numpy view like this
-    del first
-    second = pool.take(4 * BIG)
-    # the viewed buffer was not handed out again (fresh memory is not zeroed: compare identities)
-    assert second.obj is not buffers[0]
-    buffers.append(second.obj)
-    del second
-    assert bytes(held) == b"first" and pool.nbytes == 8 * BIG
-    del held
-    again = pool.take(3 * BIG)  # smaller frames fit in a free buffer (up to half its size)
-    assert len(again) == 3 * BIG and any(again.obj is b for b in buffers)
-    assert pool.nbytes == 8 * BIG  # nothing new was allocated
-
-
-def test_recv_buffers_keep_within_their_capacity():
-    pool = bufs.RecvBuffers(10 * BIG)
-    views = [pool.take(4 * BIG) for _ in range(5)]  # all in use: only two fit in the pool
-    assert all(len(v) == 4 * BIG for v in views)
-    assert pool.nbytes == 8 * BIG
-    del views
-    assert len(pool.take(BIG)) == BIG  # free 4 MB buffers are too large for it; no room for a third
-    big = pool.take(8 * BIG)  # free buffers that do not fit make room
-    assert len(big) == 8 * BIG and pool.nbytes <= 10 * BIG
-
-
-def test_recv_buffers_leave_small_and_huge_frames_to_fresh_memory():
-    pool = bufs.RecvBuffers(4 * BIG)
-    assert len(pool.take(100)) == 100 and len(pool.take(5 * BIG)) == 5 * BIG
-    assert pool.nbytes == 0
-
-
-@pytest.mark.parametrize("unix", [False, True])
-def test_payloads_stay_intact_while_later_frames_reuse_buffers(unix):
-    server, _, client, _ = handshake_pair(unix=unix)
-    try:
-        server.settimeout(5)
-        server.buffers = bufs.RecvBuffers(8 * BIG)
-        kept = []
-        for i in range(6):
-            sender = threading.Thread(target=client.send, args=(np.full(BIG // 4, i, np.float32),))
-            sender.start()
-            arr = np.frombuffer(server.recv(), np.float32)
-            sender.join(5)
-            if i % 2 == 0:
-                kept.append((i, arr))  # held like a batch the consumer has not let go of
-            del arr
-        assert all((arr == i).all() for i, arr in kept)
-        assert server.buffers.nbytes <= 5 * BIG  # released frames were reused
-    finally:
-        server.close()
-        client.close()
 
 
 # ---- hostile lengths and slow peers ---------------------------------------------------------------
@@ -808,45 +517,6 @@ def test_unsigned_frames_arrive_intact_in_one_buffer_of_their_size(unix_pair, si
     assert len(got.obj) == size  # type: ignore[arg-type]
     if size > f._FIRST_CHUNK:
         assert peak < 1.25 * size, (peak, size)  # doubling peaks at the last two buffers together
-
-
-def test_new_buffer_is_a_bytearray_of_the_size_asked_with_or_without_the_c_part():
-    for make in (bufs.new_buffer, bufs._load_empty(), bytearray):
-        buf = make(12345)
-        assert type(buf) is bytearray and len(buf) == 12345
-        buf[-1] = 7  # writable, and resizable like any bytearray (the pool's unused probe)
-        buf.append(0)
-        assert len(buf) == 12346
-    if packing.native is not None:  # built: it does not zero-fill, and says so in its name
-        assert bufs._make_bytearray is packing.native.empty_bytearray
-    for size in (-1, -2):  # with or without the C part, as the C part has always answered
-        with pytest.raises(ValueError, match=">= 0"):
-            bufs.new_buffer(size)
-
-
-def test_the_pools_unused_probe_never_moves_a_new_buffer():
-    buf = bufs.new_buffer(1 << 20)
-    address = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
-    assert bufs._unused(buf) and len(buf) == 1 << 20
-    assert np.frombuffer(buf, np.uint8).__array_interface__["data"][0] == address
-    view = memoryview(buf)
-    assert not bufs._unused(buf)
-    view.release()
-    assert bufs._unused(buf)
-
-
-def test_a_grown_frame_buffer_joins_the_pool_for_reuse(pair):
-    server, client = pair
-    server.buffers = bufs.RecvBuffers(16 * BIG)
-    size = 3 * BIG + 5
-    for i in range(3):
-        sender = threading.Thread(target=client.send, args=(bytes([i]) * size,))
-        sender.start()
-        got = server.recv()
-        sender.join(5)
-        assert bytes(got[:3]) == bytes([i]) * 3 and len(got) == size
-        del got
-    assert server.buffers.nbytes == size  # one buffer, reused by the later frames
 
 
 def test_server_handshake_deadline_covers_the_whole_handshake():

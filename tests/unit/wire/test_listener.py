@@ -12,12 +12,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.unit.attack import rendezvous_scenario
 from tests.waiting import wait_until
 from tfonspark.errors import ProtocolError
 from tfonspark.wire import framing as f
 from tfonspark.wire.listener import Listener
-
-from tests.unit.attack import rendezvous_scenario
 
 SECRET = bytes(range(32))
 

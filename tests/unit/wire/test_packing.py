@@ -1,13 +1,17 @@
-"""The optional C packer (``wire/_pack.c``) changes nothing but speed.
+"""wire/packing.py: rows packed into columns (``pack_rows``, ``Scratch``), and the optional C packer.
 
-Every case is packed twice, with the C packer and with ``packing.native = None`` (the pure-Python
-packer, as where no C compiler built it): the frames must be byte-identical, and the errors of
-the same type with the same message, column, partition and row.
+What ``pack_rows`` makes of each kind of row, and that its errors name the bad row. The optional
+C packer (``wire/_pack.c``) changes nothing but speed: every case is packed twice, with the C
+packer and with ``packing.native = None`` (the pure-Python packer, as where no C compiler built
+it): the frames must be byte-identical, and the errors of the same type with the same message,
+column, partition and row. The last test draws such cases with Hypothesis (its notes below).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import pickle
 import random
 import shutil
 import sys
@@ -16,10 +20,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from tfonspark.errors import InputError
+from tfonspark.executor import feedbatches
+from tfonspark.executor.feedbatches import decoded_batches, row_batches
 from tfonspark.wire import packing
-from tfonspark.wire.codec import ColumnBatch, encode_batch
+from tfonspark.wire.codec import ColumnBatch, decode_batch, encode_batch
 from tfonspark.wire.packing import Scratch, pack_rows
 
 needs_native = pytest.mark.skipif(packing.native is None, reason="the C packer was not built here")
@@ -612,3 +620,571 @@ def test_numpy_float64_values_stay_on_the_c_path(monkeypatch):
     monkeypatch.setattr(packing, "native", Spy())
     batch = pack_rows([(list(np.arange(8.0) + i), np.float64(i)) for i in range(10)])
     assert used == [True, True] and batch.columns[1].tolist() == list(range(10))
+
+
+def round_trip(batch: ColumnBatch) -> ColumnBatch:
+    """Encode to frame parts, join them as the wire would, decode the received frame."""
+    parts = encode_batch(batch)
+    payload = bytearray(b"".join(bytes(memoryview(p).cast("B")) if not isinstance(p, bytes) else p for p in parts))
+    return decode_batch(memoryview(payload))
+
+
+def test_scalar_rows():
+    batch = pack_rows([1, 2, 3])
+    assert batch.layout == "scalar" and batch.count == 3 and batch.names is None
+    (col,) = batch.columns
+    assert isinstance(col, np.ndarray) and col.dtype == np.int64 and col.tolist() == [1, 2, 3]
+    assert batch.rows() == [1, 2, 3]
+    assert pack_rows([1.5, 2.5]).columns[0].dtype == np.float64
+    assert pack_rows([True, False]).columns[0].dtype == np.bool_
+    assert pack_rows([np.float32(1), np.float32(2)]).columns[0].dtype == np.float32
+
+
+def test_string_and_bytes_rows_stay_python_values():
+    assert pack_rows(["a", "bb", ""]).columns == [["a", "bb", ""]]
+    assert pack_rows([b"\x00", b"\xff"]).columns == [[b"\x00", b"\xff"]]
+    assert pack_rows(["a", "b"]).rows() == ["a", "b"]
+
+
+def test_numpy_rows_stack_into_one_array():
+    rows = [np.full((2, 3), i, dtype=np.float32) for i in range(4)]
+    batch = pack_rows(rows)
+    (col,) = batch.columns
+    assert batch.layout == "scalar" and col.shape == (4, 2, 3) and col.dtype == np.float32
+    assert all(np.array_equal(a, b) for a, b in zip(batch.rows(), rows, strict=True))
+
+
+def test_tuple_rows_become_columns():
+    rows = [(i, float(i) / 2, np.arange(3, dtype=np.int16) + i, f"s{i}") for i in range(5)]
+    batch = pack_rows(rows)
+    assert batch.layout == "tuple" and batch.names is None and batch.count == 5
+    ids, halves, vecs, strs = batch.columns
+    assert ids.dtype == np.int64 and halves.dtype == np.float64
+    assert vecs.shape == (5, 3) and vecs.dtype == np.int16
+    assert strs == [f"s{i}" for i in range(5)]
+    back = batch.rows()
+    assert [r[0] for r in back] == list(range(5)) and [r[3] for r in back] == strs
+    assert np.array_equal(back[2][2], rows[2][2])
+
+
+def test_list_rows_are_like_tuples():
+    batch = pack_rows([[1, 2.0], [3, 4.0]])
+    assert batch.layout == "tuple" and [c.tolist() for c in batch.columns] == [[1, 3], [2.0, 4.0]]
+    assert batch.rows() == [(1, 2.0), (3, 4.0)]
+
+
+def test_nested_list_fields_become_2d_columns():
+    batch = pack_rows([(0, [1.0, 2.0]), (1, [3.0, 4.0])])
+    assert batch.columns[1].shape == (2, 2)
+
+
+def test_dict_rows_keep_names():
+    rows = [{"x": [1.0, 2.0], "y": i, "name": f"n{i}"} for i in range(3)]
+    batch = pack_rows(rows)
+    assert batch.layout == "dict" and batch.names == ["x", "y", "name"]
+    assert batch.columns[0].shape == (3, 2) and batch.columns[1].tolist() == [0, 1, 2]
+    back = batch.rows()
+    assert back[1]["y"] == 1 and back[1]["name"] == "n1" and np.array_equal(back[1]["x"], [1.0, 2.0])
+
+
+def test_dict_rows_with_keys_in_another_order_are_fine():
+    batch = pack_rows([{"a": 1, "b": 2}, {"b": 4, "a": 3}])
+    assert batch.names == ["a", "b"] and [c.tolist() for c in batch.columns] == [[1, 3], [2, 4]]
+
+
+def test_pyspark_rows_keep_their_field_names():
+    Row = pytest.importorskip("pyspark.sql").Row
+    rows = [Row(label=i, features=[float(i)] * 3) for i in range(4)]
+    batch = pack_rows(rows)
+    assert batch.layout == "tuple" and batch.names == ["label", "features"]
+    assert batch.columns[0].tolist() == [0, 1, 2, 3] and batch.columns[1].shape == (4, 3)
+
+
+def test_rows_of_tuple_subclasses_and_lists_mix():
+    Point = namedtuple("Point", "x y")
+    batch = pack_rows([Point(1, 2), (3, 4), [5, 6]])
+    assert batch.layout == "tuple" and [c.tolist() for c in batch.columns] == [[1, 3, 5], [2, 4, 6]]
+
+
+def test_array_rows_of_different_float_widths_promote_like_numpy():
+    batch = pack_rows([np.ones(2, np.float32), np.ones(2, np.float64)])
+    assert batch.columns[0].dtype == np.float64 and batch.columns[0].shape == (2, 2)
+
+
+def big_rows(n: int, shape=(784,), dtype=np.float32, start: int = 0) -> list:
+    return [(np.full(shape, start + i, dtype), start + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("shape", [(784,), (28, 28), (4, 8, 8)])
+def test_scratch_packs_the_same_values_as_without(shape):
+    rows = big_rows(50, shape)
+    plain, reused = pack_rows(rows), pack_rows(rows, scratch=Scratch())
+    assert reused.columns[0].shape == (50, *shape) and reused.columns[0].dtype == np.float32
+    np.testing.assert_array_equal(reused.columns[0], plain.columns[0])
+    np.testing.assert_array_equal(reused.columns[1], plain.columns[1])
+    assert round_trip(reused).columns[0].tolist() == plain.columns[0].tolist()
+
+
+def test_scratch_reuses_its_memory_from_batch_to_batch():
+    scratch = Scratch()
+    first = pack_rows(big_rows(40), scratch=scratch).columns[0]
+    second = pack_rows(big_rows(30, start=100), scratch=scratch).columns[0]
+    assert np.shares_memory(first, second)  # no fresh multi-MB allocation per batch
+    assert second[:, 0].tolist() == list(range(100, 130))
+    third = pack_rows(big_rows(80, start=500), scratch=scratch).columns[0]  # grows when needed
+    assert third.shape == (80, 784) and third[:, 0].tolist() == list(range(500, 580))
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [np.zeros(784, np.float32), np.zeros(784, np.float64)],  # dtypes promote, as without
+        [np.zeros(784, np.float32), np.zeros(784, np.float32).view(type("Sub", (np.ndarray,), {}))],
+        [np.zeros(784, np.float32), [0.0] * 784],  # a list among arrays
+        [np.zeros(8, np.float32), np.zeros(8, np.float32)],  # small values: np.asarray
+    ],
+)
+def test_scratch_falls_back_to_numpy_rules(rows):
+    assert pack_rows(rows, scratch=Scratch()).columns[0].tolist() == pack_rows(rows).columns[0].tolist()
+
+
+@pytest.mark.parametrize(
+    ("rows", "row"),
+    [
+        ([np.zeros(784), np.zeros(784), np.zeros(783)], 2),
+        ([np.zeros((28, 28)), np.zeros((28, 27))], 1),
+    ],
+)
+def test_scratch_still_names_the_ragged_row(rows, row):
+    with pytest.raises(InputError, match="ragged") as info:
+        pack_rows(rows, partition=3, first_row=10, scratch=Scratch())
+    assert (info.value.partition, info.value.row) == (3, 10 + row)
+
+
+def like_numpy(rows: list, scratch: Scratch | None = None) -> None:
+    """pack_rows gives each field the dtype, shape and values that np.asarray gives it."""
+    batch = pack_rows(rows, scratch=scratch)
+    for j, column in enumerate(batch.columns):
+        expected = np.asarray([row[j] for row in rows])
+        assert column.dtype == expected.dtype and column.shape == expected.shape, (j, column.dtype, expected.dtype)
+        np.testing.assert_array_equal(column, expected)
+
+
+W784 = [i / 7 for i in range(784)]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(list(W784), i) for i in range(40)],  # (x.tolist(), label)
+        [(tuple(W784), i) for i in range(40)],
+        [[list(W784), float(i)] for i in range(40)],  # list rows, float label: (vec[1:], vec[0])
+        [([i] * 784, i) for i in range(40)],  # ints stay int64
+        [([1, 2.5] * 16, 0), ([3, 4] * 16, 1)],  # ints among floats: float64, as numpy
+        [([1] * 32, 0), ([1.5] * 32, 1)],  # a float after int rows: float64, as numpy
+        [([1.0] * 32, 0), ([True, 2] * 16, 1)],  # bools and ints among floats
+        [([True, False] * 16, 0)] * 3,  # bools stay bool
+        [([np.float32(1)] * 32, 0)] * 3,  # numpy float32 values stay float32
+        [([1.0] * 32, 0), ([np.float32(2)] * 32, 1)],
+        [([[float(i)] * 28 for _ in range(28)], i) for i in range(20)],  # 28x28 as lists of lists
+        [(tuple(tuple([1.0] * 28) for _ in range(28)), 1)] * 3,
+        [([[[1.0, 2.0]] * 3] * 4, 1)] * 5,  # 3-D
+        [([float(i), 2.0], i) for i in range(2500)],  # narrow rows, more than one block
+        [([i, -i], i) for i in range(1100)],
+        [([1.0], 0)] * 5,
+        [([2**63] * 32, 1)] * 2,  # beyond int64: uint64, as numpy
+        [([float("inf"), float("nan")] * 16, 1)] * 3,
+        [([1.0] * 32, 1), (tuple([2.0] * 32), 1)],  # lists and tuples mix
+        [([1.0] * 32, 1), ([1.0] * 31 + [1j], 1)],  # a complex: complex128, as numpy
+    ],
+)
+def test_list_features_pack_like_numpy(rows):
+    like_numpy(rows)
+    like_numpy(rows, Scratch())
+
+
+def test_list_features_reuse_scratch_memory():
+    scratch = Scratch()
+    first = pack_rows([(list(W784), i) for i in range(40)], scratch=scratch).columns[0]
+    second = pack_rows([([float(i)] * 784, i) for i in range(30)], scratch=scratch).columns[0]
+    assert np.shares_memory(first, second) and second[:, 0].tolist() == [float(i) for i in range(30)]
+    assert round_trip(pack_rows([([1.5] * 784, 1)] * 3, scratch=Scratch())).columns[0].tolist() == [[1.5] * 784] * 3
+
+
+@pytest.mark.parametrize(
+    ("rows", "row", "words"),
+    [
+        ([(list(W784), 1)] * 40 + [(W784[:-1], 1)], 40, "shape=(783,)"),
+        ([([[1.0] * 28] * 28, 1), ([[1.0] * 28] * 27, 1)], 1, "shape=(27, 28)"),
+        ([([[1.0] * 28] * 28, 1), ([[1.0] * 27, [1.0] * 29] + [[1.0] * 28] * 26, 1)], 1, "different lengths"),
+        ([([[1.0], [1.0, 2.0]], 1)] * 2, 0, "different lengths"),
+        ([([1.0, 2.0], 1)] * 10 + [([1.0], 1)], 10, "shape=(1,)"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + [[1.0]], 1)], 1, "different lengths"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + ["x"], 1)], 1, "dtype=<U32"),
+        ([([1.0] * 32, 1), ([1.0] * 31 + [None], 1)], 1, "dtype=object"),
+        ([([1.0, 2.0], 1)] * 10 + [([1.0, "a"], 1)], 10, "dtype=<U32"),
+    ],
+)
+def test_list_features_that_differ_give_the_errors_numpy_rules_give(rows, row, words):
+    for scratch in (None, Scratch()):
+        with pytest.raises(InputError) as info:
+            pack_rows(rows, partition=4, first_row=100, scratch=scratch)
+        assert (info.value.column, info.value.partition, info.value.row) == (0, 4, 100 + row)
+        assert words in str(info.value)
+
+
+def test_namedtuple_rows_are_tuples():
+    Point = namedtuple("Point", "x y")
+    batch = pack_rows([Point(1, 2), Point(3, 4)])
+    assert batch.layout == "tuple" and [c.tolist() for c in batch.columns] == [[1, 3], [2, 4]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "column", "row", "words"),
+    [
+        ([(1, 2), (3, 4), (5, 6, 7)], None, 2, "expected 2 fields"),
+        ([(1, 2), [3, 4], 5], None, 2, "received int"),
+        ([np.zeros(3), np.zeros(3), np.zeros(4)], 0, 2, "shape=(4,)"),
+        ([np.zeros((2, 2)), np.zeros((2, 3))], 0, 1, "expected shape=(2, 2)"),
+        ([(1, [1.0, 2.0]), (2, [1.0])], 1, 1, "ragged"),
+        ([(1.0,), (None,)], 0, 1, "None"),
+        ([1, 2, "three"], 0, 2, "type=str"),  # numbers, then a string
+        ([(1, 2.0), (2, "x")], 1, 1, "type=str"),
+        ([[1, 2], [3, "x"]], 1, 1, "mixed"),
+        ([np.zeros(3), 5.0], 0, 1, "shape=()"),  # an array column, then a scalar
+        ([(np.zeros(3), 1), (np.zeros(3), 2), (np.zeros(2), 3)], 0, 2, "shape=(2,)"),
+        ([(1, 2)] * 40 + [(1, 2, 3)], None, 40, "expected 2 fields"),  # found past the fast check
+    ],
+)
+def test_ragged_or_mixed_rows_name_column_partition_and_row(rows, column, row, words):
+    with pytest.raises(InputError) as info:
+        pack_rows(rows, partition=7, first_row=1000)
+    err = info.value
+    assert (err.column, err.partition, err.row) == (column, 7, 1000 + row)
+    assert words in str(err) and "partition=7" in str(err) and f"row={1000 + row}" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("rows", "row"),
+    [
+        ([{"a": 1, "b": 2}, {"a": 3}], 1),  # missing key
+        ([{"a": 1}, {"a": 2}, {"a": 3, "b": 4}], 2),  # an extra key is not silently dropped
+        ([{"a": 1}, {"b": 2}], 1),
+        ([{"a": 1}, (1,)], 1),  # not a dict at all
+    ],
+)
+def test_dict_rows_with_other_keys(rows, row):
+    with pytest.raises(InputError, match="keys") as info:
+        pack_rows(rows, partition=2, first_row=10)
+    assert (info.value.partition, info.value.row) == (2, 10 + row)
+
+
+def test_a_row_among_dict_rows_is_named_however_indexing_it_fails():
+    """A pyspark ``Row`` indexed by a key raised its own AttributeError out of ``pack_rows``
+    (found by test_codec_property.py); a dict whose ``__getitem__`` raises KeyError, StopIteration."""
+    from pyspark.sql import Row
+
+    with pytest.raises(InputError, match="received a Row, not a dict") as info:
+        pack_rows([{"x": 1.0}, {"x": 2.0}, Row()], partition=2, first_row=10)
+    assert (info.value.partition, info.value.row) == (2, 12)
+
+    class Locked(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: Any) -> Any:
+            raise KeyError(f"{key} is locked")
+
+    with pytest.raises(KeyError, match="x is locked"):
+        pack_rows([Locked(x=1.0), Locked(x=2.0)])
+
+
+# ---- from test_codec_property.py ------------------------------------------------------------
+# Property-based differential test: the C packer and the pure-Python packer agree, and no row
+# is lost, for row sets of every shape users feed.
+#
+# Hypothesis draws a partition (one of the row families below, of a size around the feeder's
+# head, chunk and frame boundaries), then spoils a few rows at positions that change how a chunk
+# packs (the head's end, the first rows after it, each chunk's start, 1,024 / 4,096 / 65,536, the
+# last row, anywhere): empty rows, rows of another length or container, odd values (None, str,
+# bool, numpy scalars, float and int subclasses, ints past int64), arrays of another dtype or
+# shape, or the whole partition made of empty rows. Every partition goes through the entry
+# points the feed task uses, with the C packer and with ``packing.native = None``:
+#
+# - ``row_batches`` (an RDD's rows), counting the rows taken in a ``Tally``;
+# - ``decoded_batches`` (a stored RDD's pickled batches), for partitions of up to 3,000 rows;
+# - ``pack_rows`` of the first rows (the head, and every chunk the feeder packs whole).
+#
+# Both packers must give byte-identical frames, or an exception of the same class, message,
+# column, partition and row; and where they give frames, the frames hold every row fed, and the
+# rows counted taken (what ``FeedEnd`` says) are the rows fed.
+#
+# CI runs ``EXAMPLES`` (400) cases, derandomized (the same cases every run, no example database
+# written); ``TFOS_PROPERTY_EXAMPLES`` sets another number for a longer local run.
+
+EXAMPLES = int(os.environ.get("TFOS_PROPERTY_EXAMPLES", "400"))
+
+
+PARTITION = 5
+
+
+class OddFloat(float):
+    """``float()`` is not the stored value: numpy reads ``float()``."""
+
+    def __float__(self) -> float:
+        return 99.0
+
+
+class PlainFloat(float):
+    pass
+
+
+class OddInt(int):
+    def __float__(self) -> float:
+        return 99.0
+
+    def __index__(self) -> int:
+        return 98
+
+
+class PlainInt(int):
+    pass
+
+
+class PlainTuple(tuple):  # type: ignore[type-arg]
+    """A tuple subclass with tuple's own constructor and no field names."""
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+_int64 = st.integers(-(2**63), 2**63 - 1)
+
+
+ODD_VALUES = st.one_of(
+    st.floats(width=64),  # nan, inf, -0.0, subnormals
+    _int64,
+    st.sampled_from([2**63, 2**64, -(2**63) - 1, 10**400, 2**63 - 1, -(2**63), -1, 0]),
+    st.booleans(),
+    _finite.map(np.float64),
+    st.floats(width=32).map(np.float32),
+    _int64.map(np.int64),
+    _finite.map(OddFloat),
+    _finite.map(PlainFloat),
+    st.integers(-1000, 1000).map(OddInt),
+    st.integers(-1000, 1000).map(PlainInt),
+    st.sampled_from([None, "x", b"y", 1j, [1.0], (), [], {}]),
+)
+
+
+def _drawn_family(name: str, width: int, n: int) -> list[Any]:
+    from pyspark.sql import Row
+
+    w = range(width)
+    if name == "floats":
+        return [i / 3 for i in range(n)]
+    if name == "ints":
+        return [i - 7 for i in range(n)]
+    if name == "tuple of scalars":
+        return [(i / 3, i, *(float(j) for j in w)) for i in range(n)]
+    if name == "list of scalars":
+        return [[i / 3, *(float(j) for j in w)] for i in range(n)]
+    if name == "list features, int label":
+        return [([i + j / 7 for j in w], i % 10) for i in range(n)]
+    if name == "tuple features, float label":
+        return [(tuple(i + j / 7 for j in w), i / 2) for i in range(n)]
+    if name == "int features":
+        return [([i + j for j in w], i) for i in range(n)]
+    if name == "list rows of features":
+        return [[[float(i + j) for j in w], i] for i in range(n)]
+    if name == "Row":
+        return [Row(features=[i + j / 7 for j in w], label=i) for i in range(n)]
+    if name == "Row of scalars":
+        return [Row(x=i / 3, y=i) for i in range(n)]
+    if name == "namedtuple":
+        return [Point(i / 3, i) for i in range(n)]
+    if name == "tuple subclass":
+        return [PlainTuple((i / 3, i)) for i in range(n)]
+    if name == "dict":
+        return [{"x": [i + j / 7 for j in w], "y": i} for i in range(n)]
+    if name == "nested 28x28":
+        row = [[j / 28 for j in range(28)] for _ in range(28)]
+        return [(row, i) for i in range(n)]
+    if name == "nested 2x3":
+        return [([[i, 1.0, 2.0], [3.0, 4.0, 5.0]], i) for i in range(n)]
+    if name == "array rows":
+        return [np.full(width + 1, i, np.float32) for i in range(n)]
+    if name == "2-d int16 array rows":
+        return [np.full((2, width + 1), i % 30000, np.int16) for i in range(n)]
+    if name == "array features":
+        return [(np.full(width + 1, i, np.float64), i) for i in range(n)]
+    if name == "numpy scalars":
+        return [(np.float64(i), np.int64(i)) for i in range(n)]
+    if name == "strings":
+        return [(f"s{i}", i) for i in range(n)]
+    if name == "empty tuples":
+        return [()] * n
+    if name == "empty lists":
+        return [[]] * n
+    if name == "empty Rows":
+        return [Row()] * n
+    if name == "empty dicts":
+        return [{}] * n
+    raise AssertionError(name)
+
+
+FAMILIES = [
+    "floats",
+    "ints",
+    "tuple of scalars",
+    "list of scalars",
+    "list features, int label",
+    "tuple features, float label",
+    "int features",
+    "list rows of features",
+    "Row",
+    "Row of scalars",
+    "namedtuple",
+    "tuple subclass",
+    "dict",
+    "nested 28x28",
+    "nested 2x3",
+    "array rows",
+    "2-d int16 array rows",
+    "array features",
+    "numpy scalars",
+    "strings",
+    "empty tuples",
+    "empty lists",
+    "empty Rows",
+    "empty dicts",
+]
+
+
+#: partition sizes around the head (16 rows), chunks (32,768 values), 1,024 / 4,096 / 65,536
+SIZES = [1, 2, 15, 16, 17, 18, 40, 100, 300, 1025, 1100, 3000, 4097, 5000, 11000, 12000, 22000, 66000]
+
+
+#: at most this many Python values in a partition, so that a case costs milliseconds
+MAX_VALUES = 250_000
+
+
+def _drawn_spoilt(row: Any, how: int, value: Any) -> Any:
+    """``row`` made unlike its family in one of the ways that change how a chunk packs."""
+    from pyspark.sql import Row
+
+    if how == 0:
+        return [(), [], Row(), {}][int(abs(hash(repr(value)))) % 4]  # an empty row
+    if how == 1:
+        return value  # the row replaced by a value
+    if isinstance(row, np.ndarray):
+        return [row.astype(np.int32), row[..., :1], row.tolist(), row[::-1].T][how % 4]
+    if isinstance(row, dict):
+        return {**row, "y": value} if how % 2 else dict(list(row.items())[:-1])  # a key less
+    if isinstance(row, (tuple, list)) and row:
+        fields = list(row)
+        if how == 2:
+            fields.append(value)  # another length
+        elif how == 3:
+            fields[-1] = value  # the label (or last scalar)
+        elif how == 4 and isinstance(fields[0], (list, tuple)) and fields[0]:
+            inner = list(fields[0])
+            inner[len(inner) // 2] = value  # a feature
+            fields[0] = tuple(inner) if isinstance(fields[0], tuple) else inner
+        elif how == 5 and isinstance(fields[0], (list, tuple)):
+            fields[0] = tuple(fields[0]) if isinstance(fields[0], list) else list(fields[0])  # container
+        elif how == 5 and isinstance(fields[0], np.ndarray):
+            fields[0] = fields[0].astype(np.float32)
+        else:
+            fields[0] = value
+        if isinstance(row, Row) and hasattr(row, "__fields__"):
+            names = list(row.__fields__)
+            if len(fields) == len(names):
+                return Row(**dict(zip(names, fields)))
+            return tuple(fields)
+        if isinstance(row, Point) and len(fields) == 2:
+            return Point(*fields)
+        return type(row)(fields) if type(row) in (list, tuple, PlainTuple) else tuple(fields)
+    return value
+
+
+@st.composite
+def partitions(draw: Any) -> list[Any]:
+    name = draw(st.sampled_from(FAMILIES))
+    width = draw(st.sampled_from([1, 2, 3, 8, 32, 100, 784]))
+    probe = _drawn_family(name, width, 1)[0]
+    values = max(feedbatches._python_values(probe), 1)
+    n = min(draw(st.sampled_from(SIZES)), max(MAX_VALUES // values, 1))
+    rows = _drawn_family(name, width, n)
+    event(f"family: {name}")
+    size = max(1, 32768 // values)  # the feeder's chunk, for rows this small (4 MB frames are bigger)
+    at = [0, 1, 15, 16, 17, n - 1, 1023, 1024, 1025, 4095, 4096, 4097, 65535, 65536, 65537]
+    at += [16 + k * size + d for k in range(1, 4) for d in (-1, 0, 1)]
+    spots = [p for p in at if 0 <= p < n]
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2, 3]))):
+        p = draw(st.one_of(st.sampled_from(spots), st.integers(0, n - 1)))
+        rows[p] = _drawn_spoilt(rows[p], draw(st.integers(0, 6)), draw(ODD_VALUES))
+    return rows
+
+
+def _frame_bytes(batch: Any) -> bytes:
+    return b"".join(bytes(memoryview(p).cast("B")) for p in encode_batch(batch))
+
+
+def _drawn_outcome(make: Any) -> tuple[Any, ...]:
+    """("frames", frame bytes, rows in them, rows counted taken) or ("error", class, message, where)."""
+    tally = feedbatches.Tally()
+    try:
+        frames, count = [], 0
+        for batch in make(tally):
+            frames.append(_frame_bytes(batch))  # a copy, before the next batch reuses its memory
+            count += batch.count
+        return ("frames", frames, count, tally.rows)
+    except Exception as exc:  # any exception: both packers must raise the same one
+        where = tuple(getattr(exc, k, None) for k in ("column", "partition", "row"))
+        return ("error", type(exc), str(exc), where)
+
+
+def _fast_and_slow(make: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    real = packing.native
+    fast = _drawn_outcome(make) if real is not None else None
+    packing.native = None
+    try:
+        slow = _drawn_outcome(make)
+    finally:
+        packing.native = real
+    return (fast if fast is not None else slow), slow
+
+
+def _summary(outcome: tuple[Any, ...]) -> tuple[Any, ...]:
+    return outcome if outcome[0] == "error" else ("frames", len(outcome[1]), *outcome[2:])
+
+
+def _check(make: Any, n: int, tallied: bool = True) -> None:
+    """Both packers agree; frames hold every row fed and (``tallied``) count them all taken."""
+    fast, slow = _fast_and_slow(make)
+    assert fast == slow, (_summary(fast), _summary(slow))
+    event(f"outcome: {'frames' if fast[0] == 'frames' else fast[1].__name__}")
+    if fast[0] == "frames":
+        _, _, count, taken = fast
+        assert count == n, f"{n} rows fed, {count} in the frames"
+        assert taken == n or not tallied, f"{n} rows fed, {taken} counted taken"
+
+
+@pytest.mark.timeout(600)
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+@given(partitions())
+def test_both_packers_give_the_same_frames_or_error_and_lose_no_row(rows):
+    n = len(rows)
+    _check(lambda tally: row_batches(PARTITION, iter(rows), 0, tally), n)
+    head = rows[:300]
+    _check(lambda tally: [pack_rows(head, PARTITION, 100)], len(head), tallied=False)
+    if n <= 3000:
+        try:
+            blobs = [pickle.dumps(rows[i : i + 100], 5) for i in range(0, n, 100)]
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return
+        _check(lambda tally: decoded_batches(PARTITION, iter(blobs), tally), n)
