@@ -9,6 +9,10 @@ inside a module the package imports) is a circle too. The direction between laye
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+import tfonspark
 from tests.unit._graph import cycles, graph
 
 FACES = {
@@ -35,3 +39,20 @@ def test_the_core_never_imports_a_tfos_face():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_core_never_imports_the_tfos_face():
+    """tfprocess/ and distribute/ implement; TFNode.py only re-exports them (no import circle)."""
+    package = Path(tfonspark.__file__).parent
+    offenders = []
+    for path in [*package.glob("tfprocess/*.py"), *package.glob("distribute/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n.split(".")[-1] == "TFNode" or n.endswith(".TFNode") for n in names):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

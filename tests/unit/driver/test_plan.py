@@ -1,0 +1,59 @@
+"""driver/plan.py: the plan run() prepares, the addresses it gives tasks, and what each node is told."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tfonspark.driver.cluster import Cluster
+from tfonspark.driver.options import ClusterOptions
+from tfonspark.driver.plan import prepare, task_address
+from tfonspark.settings import Settings
+from tfonspark.testing import FakeSparkContext, LocalLauncher
+
+
+def record_spec(args: dict, ctx) -> None:
+    import os
+
+    seen = {"spec": ctx.cluster_spec, "tf_config": json.loads(os.environ["TF_CONFIG"])}
+    path = Path(args["dir"]) / f"{ctx.job_name}-{ctx.task_index}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(seen))
+    path.with_suffix(".tmp").rename(path)  # whole, or not there
+
+
+def test_the_chief_address_puts_ipv6_hosts_in_brackets():
+    assert task_address("10.0.0.1", 5000) == "10.0.0.1:5000"
+    assert task_address("fe80::1", 5000) == "[fe80::1]:5000"
+    assert task_address("driver.example", 1) == "driver.example:1"
+
+
+def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path):
+    plan = prepare(
+        FakeSparkContext(),
+        record_spec,
+        {"dir": str(tmp_path)},
+        3,
+        ClusterOptions(num_ps=1, reservation_timeout=60),
+        Settings(),
+        launcher=LocalLauncher(),
+    )
+    held = []  # the chief's port, reserved by the start: what the handle is given
+    cluster = plan.start(lambda running: held.append(running.held) or Cluster(running), hold="chief")
+    chief = held[0].address
+    assert held[0].task == "chief" and chief == task_address(plan.host, held[0].handover.port)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the nodes write their file as map_fun starts; stop() does not wait for it
+    cluster.stop(grace_secs=5)
+    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert sorted(seen) == ["ps-0", "worker-0", "worker-1"]
+    spec = cluster.server.cluster_spec
+    assert spec is not None and spec["chief"] == [chief] and len(spec["worker"]) == 2 and len(spec["ps"]) == 1
+    for name, got in seen.items():
+        assert got["spec"] == spec, name
+        assert got["tf_config"]["cluster"] == spec, name
+        job, index = name.split("-")
+        assert got["tf_config"]["task"] == {"type": job, "index": int(index)}
+    assert {i["job_name"] for i in cluster.cluster_info} == {"ps", "worker"}  # no node runs the chief
+    held[0].release()
