@@ -19,9 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
 # Under pytest-xdist (make test runs the tests in 2 processes) each worker has its own temp
 # dir: tests that check what they leave there (feed sockets, scratch dirs) see only their own.
+# Its name carries the run's id too: two runs on one machine (a developer's and CI's) each have
+# worker "gw0", and one must not empty the other's temp dir under its running tests.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _XDIST_WORKER:
-    _WORKER_TMP = Path(tempfile.gettempdir()) / f"tfonspark-tests-{_XDIST_WORKER}"
+    _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:8]
+    _WORKER_TMP = Path(tempfile.gettempdir()) / f"tfonspark-tests-{_RUN}-{_XDIST_WORKER}"
     shutil.rmtree(_WORKER_TMP, ignore_errors=True)
     _WORKER_TMP.mkdir()
     os.environ["TMPDIR"] = str(_WORKER_TMP)
@@ -119,3 +122,9 @@ def pytest_collection_finish(session):
     the other waits for it). Unit tests start no JVM."""
     if not all(_is_unit(item) for item in session.items):
         spark_jvm.configure(os.environ)
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker removes its own temp dir (its name is this run's, never used again)."""
+    if _XDIST_WORKER:
+        shutil.rmtree(_WORKER_TMP, ignore_errors=True)
