@@ -2,7 +2,7 @@
 :mod:`tfonspark.data.tfrecord`'s (pure Python TFRecord I/O, no tensorflow-hadoop jar):
 ``saveAsTFRecords(df, output_dir)`` is ``save_tfrecords``, ``loadTFRecords(sc, input_dir,
 binary_features=[])`` is ``load_tfrecords``, ``isLoadedDF`` is ``is_loaded_df`` and ``loadedDF``
-is ``loaded_dfs`` (the same objects; ``tests/unit/test_doors.py`` checks it).
+is ``loaded_dfs`` (the same objects; ``tests/unit/house/test_doors.py`` checks it).
 
 ``loadedDF`` maps each DataFrame returned by ``loadTFRecords`` to the directory it was read
 from, as in TFoS; entries now disappear when the DataFrame is garbage collected.

@@ -1,6 +1,6 @@
 """docs/settings.md's two tables, made from the code: the settings, and the waits derived from them.
 
-``tests/unit/test_settings.py`` keeps the page equal to :func:`markdown_table` and
+``tests/unit/test_settings_doc.py`` keeps the page equal to :func:`markdown_table` and
 :func:`derived_waits_table`; the rows come from :data:`tfonspark.settings.SETTINGS` and
 :data:`DERIVED_WAITS` below, the one list of waits that are not a setting of their own.
 """

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_datasets import write_idx
+from tests.unit.demo.test_datasets import write_idx
 from tfonspark.demo.datasets import MNIST_FILES, load_digits_as_mnist
+
+pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "mnist"

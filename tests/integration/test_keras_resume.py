@@ -9,7 +9,7 @@ This file is also the worker (``python test_keras_resume.py OWN_DIR SHARED_DIR O
    callback at epoch 1, step 4 (the cluster being torn down after a node loss);
 3. fits a fresh model with the same directory: it resumes at epoch 1, step 3 (the checkpoint),
    and ends with the same weights on both workers. (That a resumed run ends as an uninterrupted
-   one does is checked in ``tests/unit/test_keras_resume.py``.)
+   one does is checked in ``tests/unit/distribute/keras_fit/test_trainer.py``.)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :class:`ClusterOptions` is the one list of the options (TFoS's of ``TFCluster.run``, then
 tfonspark's); :class:`RunOptions`, the keyword arguments of :func:`tfonspark.run`, names the same
 fields for ``Unpack``, where Python's typing cannot derive a ``TypedDict`` from a dataclass:
-``tests/unit/test_options.py`` holds the two against each other, name by name and type by type.
+``tests/unit/driver/test_options.py`` holds the two against each other, name by name and type by type.
 :class:`SettingKeywords` are the fields of :class:`~tfonspark.settings.Settings` as keywords.
 """
 
@@ -64,7 +64,7 @@ class SettingKeywords(TypedDict, total=False):
 
 class RunOptions(SettingKeywords, total=False):
     """The keyword arguments of :func:`tfonspark.run` after ``launcher``: the fields of :class:`ClusterOptions`
-    (the same names and types, checked by ``tests/unit/test_options.py``) and of
+    (the same names and types, checked by ``tests/unit/driver/test_options.py``) and of
     :class:`~tfonspark.settings.Settings` (a shorthand for ``settings=``)."""
 
     num_ps: int
