@@ -12,6 +12,7 @@ import pytest
 from tests import spark_jvm
 
 REPO = Path(__file__).resolve().parents[1]
+_UNIT = Path(__file__).resolve().parent / "unit"
 
 # The pytest process drives core (Keras 3) and TFoS-face programs alike: a face module imported
 # while collecting tests must not switch the whole session, and the nodes it starts, to Keras 2
@@ -96,6 +97,10 @@ def standalone(spark_manager):
 
 
 _KIND_ORDER = {"sc": 1, "spark": 1, "sc_local": 2, "standalone": 3}
+# Every fixture that gives a SparkContext or SparkSession (sc, spark, sc_local, standalone, and
+# those of tests/ that start one) asks for spark_manager: a test that has it gets the ``spark``
+# marker, so that ``-m "not spark"`` leaves out every test that needs a JVM.
+_SPARK_FIXTURES = {"spark_manager"}
 
 
 def pytest_collection_modifyitems(items):
@@ -108,11 +113,14 @@ def pytest_collection_modifyitems(items):
         return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
 
     items.sort(key=lambda item: (_XDIST_WORKER is not None and _is_unit(item), kind(item)))
+    for item in items:
+        if _SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
 
 
 def _is_unit(item) -> bool:
     """A test of ``tests/unit`` (they start no JVM)."""
-    return Path(item.path).parent.name == "unit"
+    return _UNIT in Path(item.path).resolve().parents  # tests/unit/ mirrors src/: its subpackages too
 
 
 def pytest_collection_finish(session):

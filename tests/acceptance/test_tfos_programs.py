@@ -12,6 +12,8 @@ import pytest
 
 from tests.integration.conftest import by_value
 
+pytestmark = pytest.mark.spark
+
 PROGRAMS = Path(__file__).parent / "tfos_programs"
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.spark
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # per script; both finish in well under 90 s together on an idle 2-core machine
 # the benchmarks that run in one shared process, by the test that checks each one's output

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import run_driver
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.spark]
 
 DRIVER = Path(__file__).with_name("ps_service_driver.py")
 

@@ -34,6 +34,8 @@ if __name__ != "__main__":  # pytest imports us; as the subprocess's script we a
 
     by_value(__name__)
 
+pytestmark = [pytest.mark.gpu, pytest.mark.spark]
+
 SCRIPT_TIMEOUT_SECS = 280  # under pytest-timeout's 300 s for the first test (setup included)
 PAIR_SCRIPT = """#!/bin/sh
 # a Spark GPU discovery script handing out a fresh pair of addresses per call, as two hosts would

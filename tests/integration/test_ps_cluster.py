@@ -19,6 +19,8 @@ from tfonspark.errors import ReservationTimeout
 
 from .conftest import run_driver, wait_until
 
+pytestmark = pytest.mark.spark
+
 DRIVER = Path(__file__).with_name("ps_driver.py")
 
 

@@ -17,11 +17,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import tfonspark
 from tfonspark.errors import NodeFailed
 from tfonspark.probes import servers_accepting
 
 from .conftest import by_value, node_processes, run_driver, wait_until
+
+pytestmark = pytest.mark.spark
 
 by_value(__name__)
 

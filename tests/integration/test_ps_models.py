@@ -27,6 +27,8 @@ from tfonspark.probes import servers_accepting
 
 from .conftest import run_driver
 
+pytestmark = pytest.mark.spark
+
 DRIVER = Path(__file__).with_name("ps_models_driver.py")
 PS_DEVICE = re.compile(r"^/job:ps/replica:0/task:([01])/device:CPU:0$")
 

@@ -21,6 +21,8 @@ from tfonspark.executor import gpus
 from tfonspark.testing import FakeSparkContext, LocalLauncher, fake_nvidia_smi
 from tfonspark.tfprocess.context import NodeContext
 
+pytestmark = pytest.mark.gpu
+
 SPEC_ONE_HOST = {"worker": ["10.0.0.1:5000", "10.0.0.1:5001"]}
 
 
