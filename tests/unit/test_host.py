@@ -1,4 +1,5 @@
-"""host.py, ports.py and tfprocess/tensorboard.py: exclusive port reservation, bind vs advertised."""
+"""host.py: which addresses are wildcards, the bind address against the advertised one, executor keys
+and liveness."""
 
 from __future__ import annotations
 

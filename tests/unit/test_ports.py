@@ -1,4 +1,5 @@
-"""ports.py's hand-over: the node's port stays held until its server binds it (issue 21, row 1).
+"""ports.py: exclusive port reservation, and the hand-over: the node's port stays held until its server
+binds it (issue 21, row 1).
 
 TF's servers are stood in for by functions that bind like TF 2.21's gRPC server does (strace:
 ``[::]:port``, ``IPV6_V6ONLY`` off, ``SO_REUSEADDR``, no ``SO_REUSEPORT``, then ``listen``);

@@ -1,4 +1,5 @@
-"""A cluster's lifecycle without Spark: the launcher is swapped for ``tfonspark.testing.LocalLauncher``.
+"""driver/cluster.py: a cluster's lifecycle without Spark, the launcher swapped for
+``tfonspark.testing.LocalLauncher``; nothing a node reports at shutdown is lost.
 
 Everything but Spark is real: the rendezvous server, the node supervisors and the TF processes
 (which run ``map_fun`` without importing TensorFlow here), so these tests take seconds.

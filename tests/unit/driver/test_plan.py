@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 from tfonspark.driver.cluster import Cluster
 from tfonspark.driver.options import ClusterOptions
-from tfonspark.driver.plan import prepare, task_address
+from tfonspark.driver.plan import _node_keras, prepare, task_address
 from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext, LocalLauncher
 
@@ -57,3 +58,13 @@ def test_every_node_is_told_the_drivers_chief_in_its_spec_and_tf_config(tmp_path
         assert got["tf_config"]["task"] == {"type": job, "index": int(index)}
     assert {i["job_name"] for i in cluster.cluster_info} == {"ps", "worker"}  # no node runs the chief
     held[0].release()
+
+
+def test_tfonspark_run_keeps_keras_3_and_the_tfos_face_asks_for_keras_2(caplog):
+    assert _node_keras("auto", tfos_face=False) == ""
+    assert _node_keras("off", tfos_face=True) == ""
+    with caplog.at_level(logging.INFO, logger="tfonspark.driver.plan"):
+        assert _node_keras("auto", tfos_face=True) == "auto"
+    [line] = [r.getMessage() for r in caplog.records]  # said in one line, with how to turn it off
+    assert "Keras 2" in line and "legacyKeras=off" in line
+    assert _node_keras("on", tfos_face=False) == "on"

@@ -1,4 +1,5 @@
-"""A feed task's ``FeedEnd`` counts the rows it took from Spark, not the rows it packed.
+"""executor/feeder.py: the feed task's side of a feed: its targets, transports and secret, and a
+``FeedEnd`` that counts the rows it took from Spark, not the rows it packed.
 
 Row 1 of issue 43 lost a chunk of rows inside the feeder's packing and ``FeedEnd`` counted only
 what was sent, so the node saw a consistent, shorter partition. Here a packing loss is made on

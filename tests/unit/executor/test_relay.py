@@ -1,5 +1,5 @@
-"""The supervisor's hardening (issue 21): no scratch directory left when the TF process cannot be
-spawned, and status lines from the TF process bounded before they are read, relayed or sent."""
+"""executor/relay.py: status lines from the TF process bounded before they are read, relayed or sent
+(issue 21)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The supervisor and the TF process entry, without Spark: heartbeats, deadlines, event relay, and
-no feed socket left behind on any failure path (real subprocesses against a fake driver)."""
+"""executor/supervisor.py: the supervisor and the TF process entry, without Spark: heartbeats,
+deadlines, event relay, no feed socket or scratch directory left behind on any failure path, and a
+PS worker's server restarted in place (real subprocesses against a fake driver)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""hdfs_path (TFoS semantics), NodeContext (ctx.report included), and the error tree's picklability."""
+"""tfprocess/context.py: hdfs_path (TFoS semantics) and NodeContext (ctx.report included)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The tf.data service's dataset guard, and data_service's argument checks (no Spark, no service).
+"""tfprocess/data_worker.py: the tf.data service's dataset guard, data_service's argument checks (no
+Spark, no service), and the nodes that serve beside map_fun.
 
 On TF 2.21 a dataset that calls back into Python fails only while iterating, with ``Could not
 find callback with key=pyfunc_0 in the registry``; ``distribute`` must say what is wrong before

@@ -1,4 +1,5 @@
-"""DataFeed read by several threads, and ``drain()``: against a real FeedServer, without Spark."""
+"""tfprocess/datafeed.py: DataFeed's batches, input mapping and as_dataset, read by several threads,
+and ``drain()``: against a real FeedServer, without Spark."""
 
 from __future__ import annotations
 

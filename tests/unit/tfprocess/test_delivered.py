@@ -1,4 +1,5 @@
-"""The feed server's memory of delivered partitions stays bounded over a long stream of feeds."""
+"""tfprocess/delivered.py: the feed server's memory of delivered partitions stays bounded over a long
+stream of feeds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""FeedServer + DataFeed + Feeder in one process, without Spark: the whole data path over 127.0.0.1."""
+"""tfprocess/feedserver.py: the node's feed server, fed by real Feeders and read by a DataFeed in one
+process over 127.0.0.1, without Spark: delivery exactly once, pacing, termination, back-pressure,
+and a connection flood."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The ``Hint:`` for Keras 3's model.fit under ParameterServerStrategy (issue 23, item 4).
+"""tfprocess/hints.py: the ``Hint:`` notes that name fixes, among them the one for Keras 3's model.fit
+under ParameterServerStrategy (issue 23, item 4).
 
 On TF 2.21 Keras 3's fit hands the strategy a plain dataset, and TF refuses it with
 "To use this dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset".
@@ -91,3 +92,54 @@ def test_leaving_a_ps_cluster_block_with_the_error_adds_the_hint():
         raise ValueError(TF_MESSAGE)
     assert info.value.__notes__ == [f"Hint: {ps_hint_for(info.value)}"]
     assert stops.calls == ["stop", "release"]  # and the cluster stopped all the same
+
+
+def test_keras_3_under_multiworker_mirrored_names_the_keras_2_route():
+    exc = ValueError("Attempt to convert a value (PerReplica:{ 0: <tf.Tensor ...> }) with an unsupported type")
+    assert "tfonspark[tfos]" in hint_for(exc, {})
+    assert hint_for(exc, {"TF_USE_LEGACY_KERAS": "1"}) == ""  # raised outside Keras 3: not this case
+    assert "Keras 3" in hint_for(ValueError("Invalid reduction dimension 0 for input with 0 dimensions"), {})
+
+
+def test_hints_for_estimator_numpy_aliases_and_missing_tf_keras():
+    missing = ModuleNotFoundError("No module named 'tensorflow_estimator'", name="tensorflow_estimator")
+    assert "removed with tf.estimator" in hint_for(missing, {})
+    alias = AttributeError("module 'numpy' has no attribute 'int'.\n`np.int` was a deprecated alias")
+    assert "np.int64" in hint_for(alias, {})
+    no_tf_keras = ImportError("Keras cannot be imported. Check that it is installed.")
+    assert "pip install 'tfonspark[tfos]'" in hint_for(no_tf_keras, {"TF_USE_LEGACY_KERAS": "1"})
+    assert hint_for(KeyError("x"), {}) == ""
+
+
+def test_a_hint_is_found_through_the_exception_chain():
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'tensorflow_estimator'", name="tensorflow_estimator")
+        except ImportError as inner:
+            raise RuntimeError("loading the model failed") from inner
+    except RuntimeError as outer:
+        assert "tensorflow_estimator" in hint_for(outer, {})
+
+
+def test_a_keras_3_model_carried_from_the_driver_into_a_keras_2_node_is_named():
+    namespace: dict[str, object] = {}
+    code = compile(
+        "def fit():\n    raise ValueError('cannot convert PerReplica:{0: x}')\n", "/x/keras/src/trainer.py", "exec"
+    )
+    exec(code, namespace)  # a frame whose file is Keras 3's own code
+    try:
+        namespace["fit"]()  # type: ignore[operator]
+    except ValueError as exc:
+        assert "set TF_USE_LEGACY_KERAS=1 in the driver's environment" in hint_for(exc, {"TF_USE_LEGACY_KERAS": "1"})
+
+
+def test_a_conv2d_on_an_empty_batch_names_tfonspark_keras_fit():
+    """tf_keras' own model.fit under MWMS with uneven input: oneDNN's error on a 0-row batch."""
+    tf = pytest.importorskip("tensorflow")
+    for message in (
+        "input depth must be evenly divisible by filter depth: 1 vs 16\n\t [[{{node conv2d_1/Relu}}]]",
+        "Incompatible shapes: [0,14,14,16] vs. [1,1,1,32] [Op:AddV2]",
+    ):
+        hint = hint_for(tf.errors.InvalidArgumentError(None, None, message), {"TF_USE_LEGACY_KERAS": "1"})
+        assert "0 rows" in hint and "tfonspark.keras.fit" in hint and "drop_remainder=True" in hint
+    assert hint_for(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [3,2] vs. [4,2]"), {}) == ""

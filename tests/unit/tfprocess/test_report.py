@@ -1,5 +1,5 @@
-"""``ctx.report`` refuses what it cannot send with ConfigError, and refuses oversized values
-before converting them (tfprocess/report.py)."""
+"""tfprocess/report.py: ``ctx.report`` refuses what it cannot send with ConfigError, and refuses
+oversized values before converting them; the Reporter sends in order and never blocks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``run(..., coordinator=True)``: the role plan, the checks, and the program every node runs.
+"""tfprocess/server.py: the programs of a parameter-server cluster's nodes: the chief as coordinator,
+the servers, the evaluator; and start_cluster_server.
 
 The chief runs ``map_fun`` as ``ParameterServerStrategy``'s coordinator; every other node only
 serves and is stopped once the chief is done. ``tests/integration/test_ps_coordinator.py`` trains

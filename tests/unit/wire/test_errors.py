@@ -1,4 +1,5 @@
-"""Typed errors across the Spark task boundary: one capture on the executor, one re-raise on the driver."""
+"""wire/errors.py: typed errors across the Spark task boundary: one capture on the executor, one re-
+raise on the driver."""
 
 from __future__ import annotations
 

@@ -881,7 +881,7 @@ def test_dict_rows_with_other_keys(rows, row):
 
 def test_a_row_among_dict_rows_is_named_however_indexing_it_fails():
     """A pyspark ``Row`` indexed by a key raised its own AttributeError out of ``pack_rows``
-    (found by test_codec_property.py); a dict whose ``__getitem__`` raises KeyError, StopIteration."""
+    (found by the Hypothesis test below); a dict whose ``__getitem__`` raises KeyError, StopIteration."""
     from pyspark.sql import Row
 
     with pytest.raises(InputError, match="received a Row, not a dict") as info:

@@ -1,4 +1,6 @@
-"""Driver memory over a long run (issue 21, row 4): 1,000,000 node events through the server.
+"""driver/nodes/gang.py: what the gang's watcher keeps of node events: its memory over a long run
+(issue 21, row 4: 1,000,000 node events through the server), and the server restarts a supervisor
+could have sent.
 
 The events enter a real :class:`RendezvousServer` where a supervisor's do: its connection
 handler (``_follow``: decode, check, record), on its own thread; a :class:`Gang`'s watcher
@@ -8,7 +10,7 @@ well under a minute on two shared cores (over a real socket the same run takes ~
 events there). The driver's resident memory must not grow with the number of events: it stays
 within the documented caps (``EVENT_BACKLOG``/``BACKLOG_BYTES`` for events waiting for the
 watcher, ``KEEP_REPORTS``/``KEEP_BYTES`` for the report log, ``MARKED_FEEDS`` for epoch marks).
-For the figures: ``python -m pytest tests/unit/test_event_memory.py -s``.
+For the figures: ``python -m pytest tests/unit/driver/nodes/test_gang.py -s``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""driver/node_events.py: the feed's long waits are WARNINGs naming the node (issue 43, row 0)."""
+"""driver/nodes/node_events.py: the driver's reaction to node events: the feed's long waits are
+WARNINGs naming the node (issue 43, row 0), a stalled feed cancels only its own train(), server
+restarts are logged."""
 
 from __future__ import annotations
 

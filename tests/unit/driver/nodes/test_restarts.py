@@ -1,4 +1,5 @@
-"""``max_restarts``: a failed cluster is torn down and started again, without Spark (LocalLauncher).
+"""driver/nodes/restarts.py: ``max_restarts``: a failed cluster is torn down and started again, without
+Spark (LocalLauncher), a fixed ``server_port`` included.
 
 Everything but Spark is real: rendezvous server, supervisors and TF processes (which run
 ``map_fun`` without importing TensorFlow), so a restart takes seconds here.

@@ -1,4 +1,5 @@
-"""Role planning, cluster specs and TF_CONFIG: pure functions, checked against TensorFlow's resolver."""
+"""driver/nodes/roles.py: role planning and cluster specs, pure functions, checked against TensorFlow's
+resolver; the roles of coordinator and evaluator clusters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The evaluator of a parameter-server cluster: its role, the program it runs, the chief's spec.
+"""driver/nodes/sidecars.py: the evaluator of a parameter-server cluster is stopped first, with a
+longer grace, and waited for.
 
 ``run(..., coordinator=True, eval_node=True)`` runs ``map_fun`` on the chief and on the
 evaluator; ``ps_cluster(..., evaluator=fn)`` runs ``fn`` on the evaluator. The evaluator runs no

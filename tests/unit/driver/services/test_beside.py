@@ -1,4 +1,5 @@
-"""``run(..., data_service=N)`` without Spark: the service starts first, ends with the cluster, or on failure."""
+"""driver/services/beside.py: ``run(..., data_service=N)`` without Spark: the service starts first (on
+its own executors or on the first nodes), ends with the cluster, or on failure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``ps_cluster``'s plan: the driver's ``chief`` task in every node's cluster spec, and its checks.
+"""driver/services/ps.py: ``ps_cluster``'s checks, and its block's exit raising the node failure behind
+TF's error.
 
 The node processes here are real (``LocalLauncher``) but run a TF-free ``map_fun`` that records
 what each node was told; ``tests/integration/test_ps_cluster.py`` trains on real Spark.
