@@ -28,10 +28,10 @@ test: $(VENV)/.installed
 	@echo "make test: $$(( $$(date +%s) - $$(cat .test-started) )) s wall time in all (lint, types, tests)"; rm -f .test-started
 
 unit: $(VENV)/.installed
-	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -p tests.timings -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 integration: $(VENV)/.installed
-	$(PY) -m pytest tests/integration tests/acceptance $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration tests/acceptance -p tests.timings $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check $(LINT_DIRS)
