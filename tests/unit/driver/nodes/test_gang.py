@@ -1,4 +1,4 @@
-"""driver/nodes/gang.py: what the gang's watcher keeps of node events: its memory over a long run
+"""driver/nodes/gang.py: the gang as the control plane (ControlPlane); what its watcher keeps of node events: its memory over a long run
 (issue 21, row 4: 1,000,000 node events through the server), and the server restarts a supervisor
 could have sent.
 
@@ -319,3 +319,27 @@ def test_with_a_huge_limit_the_records_and_the_log_stay_bounded(gang_of, caplog)
     assert len(kept) == KEEP_SERVER_RESTARTS and gang.server_restarts.dropped == 2_000
     assert kept[0].restart == 2_001 and kept[-1].restart == total  # the latest, oldest first
     assert len(_restart_lines(caplog)) <= 100 + 5
+
+
+def test_the_gang_is_the_control_plane_and_answers_from_its_server(gang_of):
+    """``ControlPlane`` (nodes/plane.py) is what the cluster, feeds and services ask; each call
+    answers what the rendezvous server holds, so nothing above it needs the server itself."""
+    from tfonspark.driver.nodes.plane import ControlPlane
+
+    gang, send, sync = gang_of(0)
+    plane: ControlPlane = gang  # the type checker's view: Gang implements the protocol
+    assert [n.role.name for n in plane.nodes()] == ["ps:0", "worker:0", "worker:1"]
+    assert plane.nodes() is not plane.nodes()  # a snapshot of the table, not the server's dict
+    spec = plane.cluster_spec()
+    assert sorted(spec) == ["ps", "worker"] and len(spec["worker"]) == 2 and spec["ps"][0].endswith(":21000")
+    spec["ps"].append("intruder:1")
+    assert plane.cluster_spec()["ps"] == spec["ps"][:1]  # a copy: the nodes' spec cannot be changed
+    assert plane.data_nodes() == {"worker:0", "worker:1"} and plane.failures() == []
+    before = plane.event_count
+    sync()
+    assert plane.event_count >= before + 3  # one report per node went through the watcher
+    assert plane.wait_for(lambda nodes: len(list(nodes)) == 3, timeout=1)
+    assert not plane.wait_for(lambda nodes: False, timeout=0.2, until_failure=False)
+    plane.request_stop("enough data")
+    plane.request_stop("a later reason")
+    assert gang.server.stop_reason == "enough data"  # the first reason is kept
