@@ -1,7 +1,9 @@
-"""Reusable test helpers: real Spark masters for tests and demos, and a cluster without Spark."""
+"""Reusable test helpers: real Spark masters for tests and demos, several hosts on one machine
+(:mod:`.hosts`), and a cluster without Spark."""
 
 from .driver import FakeDriver
 from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher, fake_nvidia_smi
+from .hosts import Hosts
 from .ports import free_ports
 from .spark import SparkManager, StandaloneCluster, spark_conf, spark_home
 
@@ -10,6 +12,7 @@ __all__ = [
     "FakeDriver",
     "FakeRDD",
     "FakeSparkContext",
+    "Hosts",
     "LocalLauncher",
     "SparkManager",
     "StandaloneCluster",

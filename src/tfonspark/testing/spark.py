@@ -16,8 +16,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 from ..errors import ClusterError
 from .ports import free_ports
@@ -68,69 +69,122 @@ def spark_conf(master: str, app_name: str = "tfonspark", **extra: str) -> Any:
     return conf
 
 
-class StandaloneCluster:
-    """A Spark standalone master and ``workers`` workers on 127.0.0.1, each in its own JVM."""
+class Place(Protocol):
+    """A host a JVM can run on (:class:`tfonspark.testing.hosts.Host`): its own address."""
 
-    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "1g") -> None:
+    @property
+    def address(self) -> str: ...
+
+
+class Runner(Protocol):
+    """What starts processes on a :class:`Place` (:class:`tfonspark.testing.hosts.Hosts`)."""
+
+    def popen(
+        self, host: Any, argv: Sequence[str], env: Any = None, log: IO[bytes] | None = None
+    ) -> subprocess.Popen[bytes]: ...
+
+    def run(
+        self, host: Any, argv: Sequence[str], timeout: float, env: Any = None
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+class StandaloneCluster:
+    """A Spark standalone master and ``workers`` workers, each in its own JVM: on 127.0.0.1, or
+    with ``places`` (:meth:`tfonspark.testing.hosts.Hosts.spark`) the master on one host and a
+    worker on each worker host, every JVM at its host's own address."""
+
+    def __init__(
+        self,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1g",
+        places: tuple[Runner, Place, Sequence[Place]] | None = None,
+    ) -> None:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.port, self.ui_port = free_ports(2)
-        self.url = f"spark://127.0.0.1:{self.port}"
+        self._places = places
+        if places is None:
+            self.host = "127.0.0.1"
+            self.port, self.ui_port = free_ports(2)
+        else:  # a host of its own: its ports are free
+            self.host, self.port, self.ui_port = places[1].address, 7077, 8080
+        self.url = f"spark://{self.host}:{self.port}"
         self._procs: list[subprocess.Popen[bytes]] = []
         self._dir = tempfile.mkdtemp(prefix="tfos-standalone-")
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, on: Place | None = None) -> None:
         env = dict(
             os.environ,
             SPARK_HOME=spark_home(),
-            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_LOCAL_IP=on.address if on else "127.0.0.1",
             SPARK_WORKER_DIR=os.path.join(self._dir, "work"),
             SPARK_LOG_DIR=self._dir,
             SPARK_NO_DAEMONIZE="1",
         )
         log = open(os.path.join(self._dir, f"{name}.log"), "wb")  # noqa: SIM115 (closed by process)
         cmd = [os.path.join(spark_home(), "bin", "spark-class"), *args]
+        if self._places is not None and on is not None:
+            self._procs.append(self._places[0].popen(on, cmd, env, log))
+            return
         self._procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
+        master = self._places[1] if self._places else None
+        workers = list(self._places[2]) if self._places else [None] * self.workers
         self._spawn(
             "master",
             "org.apache.spark.deploy.master.Master",
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--webui-port",
             str(self.ui_port),
+            on=master,
         )
-        for i in range(self.workers):
+        for i, place in enumerate(workers):
             self._spawn(
                 f"worker{i}",
                 "org.apache.spark.deploy.worker.Worker",
                 self.url,
                 "--host",
-                "127.0.0.1",
+                place.address if place else "127.0.0.1",
                 "-c",
                 str(self.cores),
                 "-m",
                 self.memory,
                 "--webui-port",
-                str(free_ports()[0]),
+                "8081" if place else str(free_ports()[0]),
+                on=place,
             )
         self._wait_for_workers(timeout)
         return self
+
+    def _alive_workers(self) -> int:
+        """The master's count of registered workers (its web UI's JSON); raises OSError/ValueError until up."""
+        url = f"http://{self.host}:{self.ui_port}/json/"
+        if self._places is None:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(json.load(r).get("aliveworkers", 0))
+        hosts, master = self._places[0], self._places[1]
+        code = (
+            f"import json,urllib.request as u; print(json.load(u.urlopen({url!r}, timeout=2)).get('aliveworkers', 0))"
+        )
+        done = hosts.run(master, [sys.executable, "-c", code], timeout=10)  # asked on its host
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip()[-200:])
+        return int(done.stdout.strip())
 
     def _wait_for_workers(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         alive = 0
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
-                    alive = int(json.load(r).get("aliveworkers", 0))
+                alive = self._alive_workers()
                 if alive >= self.workers:
                     return
-            except (OSError, ValueError):  # not up yet, or its JSON page not yet (HTML comes first)
+            except (OSError, ValueError, subprocess.TimeoutExpired):  # not up yet, or its JSON page not yet
                 pass
             time.sleep(0.5)
         self.stop()
