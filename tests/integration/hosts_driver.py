@@ -1,0 +1,101 @@
+"""The driver program of ``test_hosts.py``, run on the driver's host of a multi-host cluster.
+
+``python hosts_driver.py MASTER_URL OUT_DIR EXECUTORS ROWS``: a SparkContext against the
+standalone master on its own host, at this host's own address; ``tfonspark.run`` with 2 TF nodes
+on ``EXECUTORS`` executors (one per worker host, so at least one host has no node), and
+``train()`` from a DataFrame whose rows carry the hostname of the executor that made them (a
+Python UDF, in the feed task's own Python worker). Each node writes the ids it read, the rows
+made on another host than its own, and what it was told about the cluster, to
+``OUT_DIR/node-<task>.json``; the driver writes ``OUT_DIR/driver.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+
+import tfonspark
+from tfonspark import InputMode
+from tfonspark.testing import spark_conf
+
+
+def read_all(out_dir, ctx):
+    """A node: read every row; count the rows made on another host (they crossed over TCP)."""
+    import json
+    import os
+    import socket
+
+    mine = socket.gethostname()
+    feed = ctx.get_data_feed(train_mode=True)
+    ids, crossed, makers = [], 0, set()
+    while not feed.should_stop():
+        batch = feed.next_batch(500)
+        if not batch:
+            break
+        for row_id, made_on in batch:
+            ids.append(int(row_id))
+            crossed += made_on != mine
+            makers.add(made_on)
+    found = {
+        "host": mine,
+        "ids": ids,
+        "crossed": crossed,
+        "makers": sorted(makers),
+        "cluster_spec": ctx.cluster_spec,
+        "tf_config": json.loads(os.environ.get("TF_CONFIG", "{}")),
+    }
+    with open(os.path.join(out_dir, f"node-{ctx.task_index}.json"), "w") as f:
+        json.dump(found, f)
+
+
+def main() -> int:
+    master, out_dir, executors, rows = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
+    conf = spark_conf(
+        master,
+        app_name="tfonspark-hosts",
+        spark__driver__host=address,
+        spark__driver__bindAddress=address,
+        spark__cores__max=str(executors),
+        spark__executor__cores="1",
+        spark__executor__memory="768m",
+    )
+    started = time.monotonic()
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    deadline = time.monotonic() + 120
+    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spark = SparkSession(sc)
+    made_on = F.udf(lambda _: __import__("socket").gethostname(), StringType())
+    df = spark.range(0, rows, numPartitions=4 * executors).select(F.col("id"), made_on(F.col("id")).alias("made_on"))
+    ready = time.monotonic()
+    cluster = tfonspark.run(sc, read_all, str(out_dir), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    fed = cluster.train(df, num_epochs=1)
+    cluster.shutdown(timeout=120)
+    done = time.monotonic()
+    out = {
+        "fed": fed,
+        "driver_host": socket.gethostname(),
+        "driver_address": address,
+        "cluster_info": [{k: str(v) for k, v in info.items()} for info in cluster.cluster_info],
+        "spark_up_s": ready - started,
+        "train_s": done - ready,
+    }
+    (out_dir / "driver.json").write_text(json.dumps(out))
+    sc.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    raise SystemExit(main())
