@@ -6,7 +6,8 @@ on ``EXECUTORS`` executors (one per worker host, so at least one host has no nod
 ``train()`` from a DataFrame whose rows carry the hostname of the executor that made them (a
 Python UDF, in the feed task's own Python worker). Each node writes the ids it read, the rows
 made on another host than its own, and what it was told about the cluster, to
-``OUT_DIR/node-<task>.json``; the driver writes ``OUT_DIR/driver.json``.
+``OUT_DIR/node-<task>.json``. Then a second cluster answers ``inference()`` on the same rows,
+one result per row; the driver writes both outcomes to ``OUT_DIR/driver.json``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def read_all(out_dir, ctx):
         json.dump(found, f)
 
 
+def answer(_, ctx):
+    """A node of an inference cluster: one result per row, ``(id * 2, the node's host)``."""
+    import socket
+
+    mine = socket.gethostname()
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(300)
+        if batch:
+            feed.batch_results([(int(row_id) * 2, mine) for row_id, _ in batch])
+
+
 def main() -> int:
     master, out_dir, executors, rows = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
@@ -82,14 +95,22 @@ def main() -> int:
     cluster = tfonspark.run(sc, read_all, str(out_dir), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     fed = cluster.train(df, num_epochs=1)
     cluster.shutdown(timeout=120)
+    trained = time.monotonic()
+    serving = tfonspark.run(sc, answer, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    try:
+        results = serving.inference(df.rdd.map(tuple)).collect()  # RDD in, RDD out: results in row order
+    finally:
+        serving.shutdown(timeout=120)
     done = time.monotonic()
     out = {
         "fed": fed,
         "driver_host": socket.gethostname(),
         "driver_address": address,
         "cluster_info": [{k: str(v) for k, v in info.items()} for info in cluster.cluster_info],
+        "results": [list(r) for r in results],
         "spark_up_s": ready - started,
-        "train_s": done - ready,
+        "train_s": trained - ready,
+        "inference_s": done - trained,
     }
     (out_dir / "driver.json").write_text(json.dumps(out))
     sc.stop()

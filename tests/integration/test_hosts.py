@@ -5,8 +5,9 @@ network namespace with its own address and hostname on a private bridge; a stand
 runs on its host and one worker (one core) on each worker host. The driver program
 (``hosts_driver.py``) runs on the driver host and trains 2 TF nodes on the 3 executors from a
 DataFrame, so one worker host has no node and its feed tasks must send their rows over TCP to
-another host. Checked: every row reached TF exactly once, rows did cross hosts, and every
-address the nodes were given is a host's own (never loopback, never a wildcard). At the end
+another host; then a second cluster answers ``inference()`` on the same rows. Checked: every row
+reached TF exactly once, rows did cross hosts, every address the nodes were given is a host's
+own (never loopback, never a wildcard), and inference gave one result per row, in order. At the end
 nothing of the hosts is left: no namespace, link, ``/etc/netns`` entry or process.
 
 Where namespaces cannot be made (not root, no ``ip``/``unshare``) the tests skip, saying why.
@@ -44,14 +45,15 @@ def hosts():
     assert made.leftovers() == {"namespaces": [], "links": [], "etc": []}
 
 
-def test_a_dataframe_feed_crosses_hosts_and_every_row_arrives_once(hosts, tmp_path):
+def test_a_feed_across_hosts_trains_every_row_once_and_answers_each_in_order(hosts, tmp_path):
     master = f"spark://{hosts.master.address}:7077"
     done = hosts.run(hosts.driver, [sys.executable, str(DRIVER), master, str(tmp_path), "3", str(ROWS)], timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     driver = json.loads((tmp_path / "driver.json").read_text())
     nodes = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node-*.json"))]
     print(
-        f"spark up {driver['spark_up_s']:.1f}s, run+train+shutdown {driver['train_s']:.1f}s; rows that crossed "
+        f"spark up {driver['spark_up_s']:.1f}s, run+train+shutdown {driver['train_s']:.1f}s, inference "
+        f"{driver['inference_s']:.1f}s; rows that crossed "
         f"hosts: {[n['crossed'] for n in nodes]} of {[len(n['ids']) for n in nodes]}"
     )
 
@@ -75,3 +77,8 @@ def test_a_dataframe_feed_crosses_hosts_and_every_row_arrives_once(hosts, tmp_pa
         assert info["address"].rsplit(":", 1)[0] in own, info
         data = info["data_address"]
         assert data == "None" or data.split("'")[1] in own, info  # ('10.232.0.21', 41234)
+
+    results = driver["results"]  # one per row, in the rows' order, answered on the node hosts
+    assert [r[0] for r in results] == [2 * i for i in range(ROWS)]
+    answered_on = {r[1] for r in results}  # the inference cluster's two nodes, wherever they started
+    assert len(answered_on) == 2 and answered_on < worker_hosts, answered_on
