@@ -123,7 +123,7 @@ class NodeFailed(ClusterError):
         failures = dict(failures) if failures else ({first: traceback} if traceback else {})
         text = message
         for name, tail in failures.items():
-            if tail:
+            if tail and tail not in message:  # how a node without output ended is said once, above
                 text += f"\n--- last output of {name} ---\n{tail}"
         super().__init__(text)
         self.role = role

@@ -99,3 +99,18 @@ def test_pickled_errors_keep_their_attributes_after_being_raised():
     assert (back.role, back.index, back.exit_code, back.traceback) == ("chief", 0, 1, "tb")
     with pytest.raises(NodeFailed, match="boom"):
         raise back
+
+
+def test_node_failed_says_a_lost_nodes_reason_once_and_shows_real_output():
+    """A lost node has no output: how it ended (its ``failures`` entry) is in the message already
+    and is not repeated under "last output" (issue 45: the text said it twice)."""
+    from tfonspark.errors import NodeFailed
+
+    why = "was lost: unreachable: no heartbeat from its supervisor on 10.0.0.7 for 10s"
+    lost = NodeFailed(
+        f"TensorFlow node worker:0 (executor 0) {why}", role="worker", index=0, failures={"worker:0": why}
+    )
+    assert str(lost).count("unreachable") == 1 and "last output" not in str(lost)
+    assert lost.failures == {"worker:0": why}  # still there for code that reads it
+    crashed = NodeFailed("worker:1 failed with exit code 1", failures={"worker:1": "ValueError: bad shape"})
+    assert "--- last output of worker:1 ---\nValueError: bad shape" in str(crashed)
