@@ -126,6 +126,12 @@ def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4
         ) from None
 
 
+def _on(node: NodeState) -> str:
+    """`` on <host>`` of a node that registered (its advertised address), else nothing."""
+    host = node.address.rsplit(":", 1)[0] if node.address else ""
+    return f" on {host}" if host else ""
+
+
 class RendezvousServer:
     """Serves one cluster: ``roles`` are the nodes expected, ``secret`` authenticates them.
 
@@ -145,7 +151,7 @@ class RendezvousServer:
         *,
         bind_host: str | None = None,
         heartbeat_secs: float = 5.0,
-        heartbeat_timeout: float = 60.0,
+        heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT,
         handshake_timeout: float = 10.0,
         fixed_tasks: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
@@ -232,7 +238,9 @@ class RendezvousServer:
                 self._follow(conn, node)
         except (OSError, ProtocolError) as exc:
             if node is not None:
-                self._lost(node, f"connection to its supervisor broke: {exc}")
+                self._lost(
+                    node, f"the connection to its supervisor{_on(node)} broke ({exc}): its process or its host died?"
+                )
         return False
 
     def _stop_request(self, conn: Connection, msg: m.StopRequest) -> None:
@@ -304,7 +312,9 @@ class RendezvousServer:
                 payload = conn.recv()
             except TimeoutError:
                 self._lost(
-                    node, f"no heartbeat from its supervisor for {self.heartbeat_timeout:g}s (executor lost or hung?)"
+                    node,
+                    f"unreachable: no heartbeat from its supervisor{_on(node)} for {self.heartbeat_timeout:g}s "
+                    "(its host cut off, or the executor lost or hung; heartbeat_timeout sets the wait)",
                 )
                 return
             try:
@@ -407,7 +417,7 @@ class RendezvousServer:
                 try:
                     m.send_message(conn, m.Heartbeat())
                 except OSError as exc:
-                    self._lost(node, f"heartbeat to its supervisor failed: {exc}")
+                    self._lost(node, f"a heartbeat to its supervisor{_on(node)} failed ({exc}): unreachable?")
                     conn.close()
 
     def _lost(self, node: NodeState, why: str) -> None:
