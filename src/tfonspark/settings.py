@@ -90,7 +90,7 @@ MiB = 1024 * 1024
 DEFAULT_FEED_BUFFER_BYTES = 64 * MiB
 """Bytes a node buffers per feed queue before backpressure stalls the feeders."""
 MIN_FEED_BUFFER_BYTES = 1 * MiB
-DEFAULT_HEARTBEAT_TIMEOUT = 60.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 """Seconds of control-channel silence after which a node (or the driver) is taken as gone."""
 DEFAULT_EPOCH_END_TIMEOUT = 600.0
 """Seconds a restartable ``train()`` waits, without progress, for its last epoch to be read."""
@@ -253,7 +253,7 @@ SETTINGS: tuple[Setting, ...] = (
         _timeout,
         _TIMEOUT_VALID,
         "seconds of control-channel silence after which a node (or the driver) is taken as gone",
-        default_text="60 s",
+        default_text="10 s",
     ),
     Setting(
         "collective",
