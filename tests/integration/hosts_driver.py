@@ -1,6 +1,6 @@
 """The driver program of ``test_hosts.py``, run on the driver's host of a multi-host cluster.
 
-``python hosts_driver.py MASTER_URL OUT_DIR EXECUTORS ROWS``: a SparkContext against the
+``python hosts_driver.py feed MASTER_URL OUT_DIR EXECUTORS ROWS``: a SparkContext against the
 standalone master on its own host, at this host's own address; ``tfonspark.run`` with 2 TF nodes
 on ``EXECUTORS`` executors (one per worker host, so at least one host has no node), and
 ``train()`` from a DataFrame whose rows carry the hostname of the executor that made them (a
@@ -8,6 +8,10 @@ Python UDF, in the feed task's own Python worker). Each node writes the ids it r
 made on another host than its own, and what it was told about the cluster, to
 ``OUT_DIR/node-<task>.json``. Then a second cluster answers ``inference()`` on the same rows,
 one result per row; the driver writes both outcomes to ``OUT_DIR/driver.json``.
+
+``python hosts_driver.py cut MASTER_URL OUT_DIR EXECUTORS``: 2 nodes that run until stopped; each
+writes ``up-<job>-<index>`` with its host; the driver writes ``started``, then waits in
+``shutdown()`` and writes the ``NodeFailed`` it gets (the test cuts a node's host off) and when.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pyspark.sql.types import StringType
 
 import tfonspark
 from tfonspark import InputMode
+from tfonspark.errors import NodeFailed
 from tfonspark.testing import spark_conf
 
 
@@ -70,8 +75,21 @@ def answer(_, ctx):
             feed.batch_results([(int(row_id) * 2, mine) for row_id, _ in batch])
 
 
-def main() -> int:
-    master, out_dir, executors, rows = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def wait_to_be_cut(out_dir, ctx):
+    """A node that runs until the cluster stops, after saying where it runs (``up-<task>``)."""
+    import os
+    import socket
+    import time
+
+    with open(os.path.join(out_dir, f"up-{ctx.job_name}-{ctx.task_index}"), "w") as f:
+        f.write(socket.gethostname())
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        time.sleep(0.2)
+
+
+def _context(master: str, executors: int) -> tuple[SparkContext, str]:
+    """A SparkContext at this host's own address, once ``executors`` executors registered."""
     address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
     conf = spark_conf(
         master,
@@ -82,12 +100,18 @@ def main() -> int:
         spark__executor__cores="1",
         spark__executor__memory="768m",
     )
-    started = time.monotonic()
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     deadline = time.monotonic() + 120
     while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors and time.monotonic() < deadline:
         time.sleep(0.2)
+    return sc, address
+
+
+def feed_and_answer(master: str, out_dir: Path, executors: int, rows: int) -> dict:
+    """Train from a DataFrame across hosts, then answer inference on the same rows."""
+    started = time.monotonic()
+    sc, address = _context(master, executors)
     spark = SparkSession(sc)
     made_on = F.udf(lambda _: __import__("socket").gethostname(), StringType())
     df = spark.range(0, rows, numPartitions=4 * executors).select(F.col("id"), made_on(F.col("id")).alias("made_on"))
@@ -102,7 +126,8 @@ def main() -> int:
     finally:
         serving.shutdown(timeout=120)
     done = time.monotonic()
-    out = {
+    sc.stop()
+    return {
         "fed": fed,
         "driver_host": socket.gethostname(),
         "driver_address": address,
@@ -112,8 +137,29 @@ def main() -> int:
         "train_s": trained - ready,
         "inference_s": done - trained,
     }
-    (out_dir / "driver.json").write_text(json.dumps(out))
+
+
+def cut_off(master: str, out_dir: Path, executors: int) -> dict:
+    """Run 2 nodes until one fails (the test cuts a host off): the error and when it came."""
+    sc, _ = _context(master, executors)
+    cluster = tfonspark.run(sc, wait_to_be_cut, str(out_dir), 2, reservation_timeout=120)
+    (out_dir / "started").write_text(json.dumps(cluster.cluster_info, default=str))
+    try:
+        cluster.shutdown(timeout=300)
+        outcome: dict = {"error": None}
+    except NodeFailed as error:
+        outcome = {"error": str(error), "role": error.role, "index": error.index, "at": time.time()}
     sc.stop()
+    return outcome
+
+
+def main() -> int:
+    mode, master, out_dir, executors = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    if mode == "feed":
+        out = feed_and_answer(master, out_dir, executors, int(sys.argv[5]))
+    else:
+        out = cut_off(master, out_dir, executors)
+    (out_dir / "driver.json").write_text(json.dumps(out))
     return 0
 
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tfonspark.settings import DEFAULT_HEARTBEAT_TIMEOUT
 from tfonspark.testing.hosts import Hosts, unavailable
+
+from .conftest import wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.spark]
 
@@ -47,7 +51,8 @@ def hosts():
 
 def test_a_feed_across_hosts_trains_every_row_once_and_answers_each_in_order(hosts, tmp_path):
     master = f"spark://{hosts.master.address}:7077"
-    done = hosts.run(hosts.driver, [sys.executable, str(DRIVER), master, str(tmp_path), "3", str(ROWS)], timeout=420)
+    argv = [sys.executable, str(DRIVER), "feed", master, str(tmp_path), "3", str(ROWS)]
+    done = hosts.run(hosts.driver, argv, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     driver = json.loads((tmp_path / "driver.json").read_text())
     nodes = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node-*.json"))]
@@ -82,3 +87,57 @@ def test_a_feed_across_hosts_trains_every_row_once_and_answers_each_in_order(hos
     assert [r[0] for r in results] == [2 * i for i in range(ROWS)]
     answered_on = {r[1] for r in results}  # the inference cluster's two nodes, wherever they started
     assert len(answered_on) == 2 and answered_on < worker_hosts, answered_on
+
+
+NODE_PROCESSES = ("tfonspark.executor.supervisor", "tfonspark.tfprocess.entry")
+
+
+def _node_processes(hosts: Hosts, host) -> list[int]:
+    """The supervisors and TF processes running on ``host``."""
+    found = []
+    for pid in hosts.processes(host):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if any(name in cmdline for name in NODE_PROCESSES):
+            found.append(pid)
+    return found
+
+
+def test_a_node_host_cut_off_fails_the_cluster_within_15s_naming_it_unreachable(hosts, tmp_path):
+    """The host's link goes down, its processes stay alive: heartbeats stop, the driver says so
+    (default settings), and the cut-off node's own processes end once they hear no driver."""
+    master = f"spark://{hosts.master.address}:7077"
+    log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 (the driver's, closed below)
+    driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
+    victim = None
+    try:
+        assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        victim_file = sorted(tmp_path.glob("up-*"))[0]
+        victim = next(h for h in hosts.workers if h.name == victim_file.read_text())
+        node = victim_file.name.removeprefix("up-").replace("-", ":")
+        cut_at = time.time()
+        hosts.cut(victim)
+        driver.wait(timeout=120)
+        outcome = json.loads((tmp_path / "driver.json").read_text())
+        gone = wait_until(lambda: not _node_processes(hosts, victim), DEFAULT_HEARTBEAT_TIMEOUT + 20)
+        ended_at = time.time()
+    finally:
+        if victim is not None:
+            hosts.restore(victim)
+        log.close()
+        if driver.poll() is None:
+            driver.kill()
+    assert outcome["error"], f"the cluster ended without an error after {node} was cut off"
+    seconds = outcome["at"] - cut_at
+    print(
+        f"{node} on {victim.name} cut off: NodeFailed after {seconds:.1f}s; its processes gone after "
+        f"{ended_at - cut_at:.1f}s\n{outcome['error'][:400]}"
+    )
+    assert f"{outcome['role']}:{outcome['index']}" == node
+    assert node in outcome["error"] and "unreachable" in outcome["error"] and victim.address in outcome["error"]
+    assert "last output" not in outcome["error"]  # a lost node has none: its reason is said once
+    assert seconds < 15, f"NodeFailed came {seconds:.1f}s after the cut (default settings)"
+    assert gone, f"{victim.name} still runs {_node_processes(hosts, victim)} after the cut"
