@@ -9,7 +9,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BackgroundJob", "barrier_supported", "task_slots", "wait_for_slots"]
+from ..errors import ConfigError
+
+__all__ = ["BackgroundJob", "barrier_supported", "check_fed_cluster_conf", "task_slots", "wait_for_slots"]
 
 
 class BackgroundJob:
@@ -62,6 +64,29 @@ def run_in_group(sc: Any, group: str, description: str, action: Callable[[], Any
 def barrier_supported(sc: Any) -> bool:
     """Barrier mode needs a static set of executors: not with dynamic allocation."""
     return str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() != "true"
+
+
+def check_fed_cluster_conf(sc: Any) -> None:
+    """Raise ConfigError where Spark's own settings cannot keep a fed cluster's nodes alive.
+
+    With dynamic allocation, Spark removes an executor that has run no task for
+    ``spark.dynamicAllocation.executorIdleTimeout`` (60 s by default). A fed node's task returns
+    once the node is up (its slot is for feed tasks), so between feeds its executor is idle, and
+    removing it takes the node with it: the cluster fails a minute in, far from the cause. Local
+    masters (``local``, ``local[N]``) have no dynamic allocation; ``local-cluster`` has.
+    """
+    conf = sc.getConf()
+    master = str(getattr(sc, "master", "") or conf.get("spark.master", ""))
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
+        raise ConfigError(
+            "InputMode.SPARK needs a fixed set of executors, but spark.dynamicAllocation.enabled=true: Spark "
+            "removes an executor idle for spark.dynamicAllocation.executorIdleTimeout, and with it the TF node "
+            "it holds. Start the application with --conf spark.dynamicAllocation.enabled=false (or use "
+            "InputMode.TENSORFLOW, whose node tasks keep their executors busy). Received: master="
+            f"{master!r}, spark.dynamicAllocation.enabled={conf.get('spark.dynamicAllocation.enabled')!r}"
+        )
 
 
 def task_slots(sc: Any) -> int:

@@ -33,7 +33,7 @@ from ..wire.framing import new_secret
 from .cluster import Reserved, Running
 from .feeds.feeding import Feeds
 from .feeds.streaming import Streams
-from .jobs import barrier_supported, wait_for_slots
+from .jobs import barrier_supported, check_fed_cluster_conf, wait_for_slots
 from .nodes.gang import SPARK_SETTINGS, Gang, LiveNodes
 from .nodes.launcher import Launcher, SparkLauncher
 from .nodes.node_events import NodeEvents
@@ -113,6 +113,8 @@ def prepare(
             "coordinator=True runs map_fun on the chief only, so no worker reads fed data: use "
             "InputMode.TENSORFLOW and read data in the coordinator's dataset_fn. Received: input_mode=InputMode.SPARK"
         )
+    if mode is InputMode.SPARK:
+        check_fed_cluster_conf(sc)
     resolved = resolve(chosen, sc.getConf())
     return Plan(
         sc,

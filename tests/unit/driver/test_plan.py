@@ -7,9 +7,13 @@ import logging
 import time
 from pathlib import Path
 
+import pytest
+
+from tfonspark.config import InputMode
 from tfonspark.driver.cluster import Cluster
 from tfonspark.driver.options import ClusterOptions
 from tfonspark.driver.plan import _node_keras, prepare, task_address
+from tfonspark.errors import ConfigError
 from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext, LocalLauncher
 
@@ -68,3 +72,28 @@ def test_tfonspark_run_keeps_keras_3_and_the_tfos_face_asks_for_keras_2(caplog):
     [line] = [r.getMessage() for r in caplog.records]  # said in one line, with how to turn it off
     assert "Keras 2" in line and "legacyKeras=off" in line
     assert _node_keras("on", tfos_face=False) == "on"
+
+
+@pytest.mark.parametrize(
+    ("master", "mode", "refused"),
+    [
+        ("spark://master:7077", InputMode.SPARK, True),
+        ("yarn", InputMode.SPARK, True),
+        ("local-cluster[2,1,1024]", InputMode.SPARK, True),
+        ("spark://master:7077", InputMode.TENSORFLOW, False),  # its node tasks keep their executors busy
+        ("local[2]", InputMode.SPARK, False),  # no dynamic allocation in local mode
+    ],
+)
+def test_a_fed_cluster_under_dynamic_allocation_is_refused_before_anything_starts(master, mode, refused):
+    """Issue 45, item 7: Spark removes an idle executor, and a fed node's executor is idle between
+    feeds, so the cluster would fail a minute in; prepare() says why at once, naming the setting."""
+    sc = FakeSparkContext({"spark.master": master, "spark.dynamicAllocation.enabled": "true"})
+    options = ClusterOptions(input_mode=mode)
+    if not refused:
+        prepare(sc, record_spec, {}, 2, options, Settings(), launcher=LocalLauncher())
+        return
+    with pytest.raises(ConfigError, match=r"spark\.dynamicAllocation\.enabled=false") as raised:
+        prepare(sc, record_spec, {}, 2, options, Settings(), launcher=LocalLauncher())
+    assert master in str(raised.value) and "executorIdleTimeout" in str(raised.value)
+    sc_off = FakeSparkContext({"spark.master": master, "spark.dynamicAllocation.enabled": "false"})
+    prepare(sc_off, record_spec, {}, 2, options, Settings(), launcher=LocalLauncher())
