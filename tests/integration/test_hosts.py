@@ -15,7 +15,10 @@ Where namespaces cannot be made (not root, no ``ip``/``unshare``) the tests skip
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -105,9 +108,9 @@ def _node_processes(hosts: Hosts, host) -> list[int]:
     return found
 
 
-def test_a_node_host_cut_off_fails_the_cluster_within_15s_naming_it_unreachable(hosts, tmp_path):
-    """The host's link goes down, its processes stay alive: heartbeats stop, the driver says so
-    (default settings), and the cut-off node's own processes end once they hear no driver."""
+def _fault(hosts: Hosts, tmp_path: Path, fault) -> dict:
+    """Start 2 nodes that run until stopped, do ``fault(victim_host)`` to the first node's host,
+    and return what the driver got: its error, when, and when the victim's node processes ended."""
     master = f"spark://{hosts.master.address}:7077"
     log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 (the driver's, closed below)
     driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
@@ -117,27 +120,56 @@ def test_a_node_host_cut_off_fails_the_cluster_within_15s_naming_it_unreachable(
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         victim_file = sorted(tmp_path.glob("up-*"))[0]
         victim = next(h for h in hosts.workers if h.name == victim_file.read_text())
-        node = victim_file.name.removeprefix("up-").replace("-", ":")
-        cut_at = time.time()
-        hosts.cut(victim)
+        at = time.time()
+        fault(victim)
         driver.wait(timeout=120)
         outcome = json.loads((tmp_path / "driver.json").read_text())
         gone = wait_until(lambda: not _node_processes(hosts, victim), DEFAULT_HEARTBEAT_TIMEOUT + 20)
-        ended_at = time.time()
+        outcome.update(
+            node=victim_file.name.removeprefix("up-").replace("-", ":"),
+            victim=victim,
+            fault_at=at,
+            gone=gone,
+            gone_s=time.time() - at,
+        )
     finally:
         if victim is not None:
             hosts.restore(victim)
         log.close()
         if driver.poll() is None:
             driver.kill()
-    assert outcome["error"], f"the cluster ended without an error after {node} was cut off"
-    seconds = outcome["at"] - cut_at
+    assert outcome["error"], f"the cluster ended without an error after the fault to {outcome['node']}"
+    assert f"{outcome['role']}:{outcome['index']}" == outcome["node"]
+    assert "last output" not in outcome["error"]  # a lost node has none: its reason is said once
+    return outcome
+
+
+def test_a_node_host_cut_off_fails_the_cluster_within_15s_naming_it_unreachable(hosts, tmp_path):
+    """The host's link goes down, its processes stay alive: heartbeats stop, the driver says so
+    (default settings), and the cut-off node's own processes end once they hear no driver."""
+    got = _fault(hosts, tmp_path, hosts.cut)
+    node, victim, seconds = got["node"], got["victim"], got["at"] - got["fault_at"]
     print(
         f"{node} on {victim.name} cut off: NodeFailed after {seconds:.1f}s; its processes gone after "
-        f"{ended_at - cut_at:.1f}s\n{outcome['error'][:400]}"
+        f"{got['gone_s']:.1f}s\n{got['error'][:400]}"
     )
-    assert f"{outcome['role']}:{outcome['index']}" == node
-    assert node in outcome["error"] and "unreachable" in outcome["error"] and victim.address in outcome["error"]
-    assert "last output" not in outcome["error"]  # a lost node has none: its reason is said once
+    assert node in got["error"] and "unreachable" in got["error"] and victim.address in got["error"]
     assert seconds < 15, f"NodeFailed came {seconds:.1f}s after the cut (default settings)"
-    assert gone, f"{victim.name} still runs {_node_processes(hosts, victim)} after the cut"
+    assert got["gone"], f"{victim.name} still runs {_node_processes(hosts, victim)} after the cut"
+
+
+def test_a_node_host_whose_processes_all_die_fails_the_cluster_within_10s_saying_so(hosts, tmp_path):
+    """Every process of a node's host dies at once (Spark worker, executor, supervisor, TF): the
+    connections break, and the error says the node's process or host died. Runs last: that
+    host's Spark worker is gone for good."""
+
+    def kill_all(victim) -> None:
+        for pid in hosts.processes(victim):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    got = _fault(hosts, tmp_path, kill_all)
+    node, victim, seconds = got["node"], got["victim"], got["at"] - got["fault_at"]
+    print(f"every process of {node}'s host {victim.name} killed: NodeFailed after {seconds:.1f}s\n{got['error'][:400]}")
+    assert node in got["error"] and "died" in got["error"] and victim.address in got["error"]
+    assert seconds < 10, f"NodeFailed came {seconds:.1f}s after the kill"
