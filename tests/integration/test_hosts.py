@@ -158,6 +158,31 @@ def test_a_node_host_cut_off_fails_the_cluster_within_15s_naming_it_unreachable(
     assert got["gone"], f"{victim.name} still runs {_node_processes(hosts, victim)} after the cut"
 
 
+def test_with_the_driver_host_cut_off_every_node_process_ends_by_itself(hosts, tmp_path):
+    """The driver's host loses its link mid-run: no Stop can reach the nodes, so each supervisor
+    must notice the driver's silence (``heartbeat_timeout``) and stop its TF process itself. No
+    supervisor or TF process is left on any worker host soon after."""
+    master = f"spark://{hosts.master.address}:7077"
+    log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 (the driver's, closed below)
+    driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
+    try:
+        assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        on = [h for h in hosts.workers if _node_processes(hosts, h)]
+        assert len(on) == 2, "two worker hosts should run a node"
+        cut_at = time.time()
+        hosts.cut(hosts.driver)
+        ended = wait_until(lambda: not any(_node_processes(hosts, h) for h in on), DEFAULT_HEARTBEAT_TIMEOUT + 20)
+        seconds = time.time() - cut_at
+    finally:
+        hosts.restore(hosts.driver)
+        driver.kill()  # its SparkContext would wait for the master for long: not what is tested
+        driver.wait()
+        log.close()
+    print(f"driver host cut off: every node process on {[h.name for h in on]} ended after {seconds:.1f}s")
+    assert ended, f"node processes left: {[(h.name, _node_processes(hosts, h)) for h in on]}"
+
+
 def test_a_node_host_whose_processes_all_die_fails_the_cluster_within_10s_saying_so(hosts, tmp_path):
     """Every process of a node's host dies at once (Spark worker, executor, supervisor, TF): the
     connections break, and the error says the node's process or host died. Runs last: that
