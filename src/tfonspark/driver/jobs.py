@@ -61,9 +61,14 @@ def run_in_group(sc: Any, group: str, description: str, action: Callable[[], Any
         sc.setLocalProperty("spark.job.description", None)
 
 
+def _dynamic_allocation(conf: Any) -> bool:
+    """Whether ``spark.dynamicAllocation.enabled`` is on (a boolean as Spark reads one: trimmed)."""
+    return str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true"
+
+
 def barrier_supported(sc: Any) -> bool:
     """Barrier mode needs a static set of executors: not with dynamic allocation."""
-    return str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() != "true"
+    return not _dynamic_allocation(sc.getConf())
 
 
 def check_fed_cluster_conf(sc: Any) -> None:
@@ -79,7 +84,7 @@ def check_fed_cluster_conf(sc: Any) -> None:
     master = str(getattr(sc, "master", "") or conf.get("spark.master", ""))
     if master.startswith("local") and not master.startswith("local-cluster"):
         return
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
+    if _dynamic_allocation(conf):
         raise ConfigError(
             "InputMode.SPARK needs a fixed set of executors, but spark.dynamicAllocation.enabled=true: Spark "
             "removes an executor idle for spark.dynamicAllocation.executorIdleTimeout, and with it the TF node "
