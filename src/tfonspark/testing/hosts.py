@@ -151,12 +151,13 @@ class Hosts:
             _kill_group(proc)
         self._spawned.clear()
         for name in self.leftovers()["namespaces"]:
-            for pid in _run(["ip", "netns", "pids", name]).split():
-                _kill(int(pid))
+            for pid in _pids(name):
+                _kill(pid)
             _ip("netns", "del", name, check=False)
-        for link in self.leftovers()["links"]:
+        left = self.leftovers()  # after the namespaces: their veth ends went with them
+        for link in left["links"]:
             _ip("link", "del", link, check=False)
-        for etc in self.leftovers()["etc"]:
+        for etc in left["etc"]:
             shutil.rmtree(etc, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -187,10 +188,9 @@ class Hosts:
 
         ``SPARK_LOCAL_IP`` is the host's address unless ``env`` says otherwise.
         """
-        full = {**os.environ, "SPARK_LOCAL_IP": host.address, **(env or {})}
         out: Any = log if log is not None else subprocess.DEVNULL
         proc = subprocess.Popen(
-            host.command(argv), env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            host.command(argv), env=_env(host, env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         self._spawned.append(proc)
         return proc
@@ -199,9 +199,13 @@ class Hosts:
         self, host: Host, argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` on ``host`` to its end (killed after ``timeout`` seconds); its output, as text."""
-        full = {**os.environ, "SPARK_LOCAL_IP": host.address, **(env or {})}
         return subprocess.run(
-            host.command(argv), env=full, capture_output=True, text=True, timeout=timeout, start_new_session=True
+            host.command(argv),
+            env=_env(host, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
         )
 
     # ---- faults ----------------------------------------------------------------------------------
@@ -215,7 +219,7 @@ class Hosts:
 
     def processes(self, host: Host) -> list[int]:
         """The pids of every process in ``host``'s namespace."""
-        return [int(pid) for pid in _run(["ip", "netns", "pids", host.name]).split()]
+        return _pids(host.name)
 
     def spark(self, cores: int = 1, memory: str = "1g", timeout: float = 120.0) -> StandaloneCluster:
         """A started Spark standalone master on the master's host and a worker on each worker host.
@@ -226,6 +230,16 @@ class Hosts:
         return StandaloneCluster(len(self.workers), cores, memory, places=(self, self.master, self.workers)).start(
             timeout
         )
+
+
+def _env(host: Host, env: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment for a process on ``host``: its own ``SPARK_LOCAL_IP``, then ``env``."""
+    return {**os.environ, "SPARK_LOCAL_IP": host.address, **(env or {})}
+
+
+def _pids(namespace: str) -> list[int]:
+    """The pids of every process in ``namespace``."""
+    return [int(pid) for pid in _run(["ip", "netns", "pids", namespace]).split()]
 
 
 def _run(argv: Sequence[str]) -> str:
