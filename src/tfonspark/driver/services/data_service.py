@@ -386,4 +386,4 @@ def _reported(cluster: Cluster, count: int, timeout: float) -> list[str]:
                 registered=len(found),
                 required=count,
             )
-        time.sleep(0.05)
+        time.sleep(_POLL_SECS)
