@@ -108,36 +108,46 @@ def _node_processes(hosts: Hosts, host) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def _running_nodes(hosts: Hosts, tmp_path: Path):
+    """``hosts_driver.py cut`` on the driver host, once both its nodes run (``up-*`` written);
+    gives the driver's process, killed on the way out if it still runs."""
+    master = f"spark://{hosts.master.address}:7077"
+    with open(tmp_path / "driver.log", "wb") as log:
+        driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
+        try:
+            assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            yield driver
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+            driver.wait()
+
+
 def _fault(hosts: Hosts, tmp_path: Path, fault) -> dict:
     """Start 2 nodes that run until stopped, do ``fault(victim_host)`` to the first node's host,
     and return what the driver got: its error, when, and when the victim's node processes ended."""
-    master = f"spark://{hosts.master.address}:7077"
-    log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 (the driver's, closed below)
-    driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
     victim = None
     try:
-        assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
-        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        victim_file = sorted(tmp_path.glob("up-*"))[0]
-        victim = next(h for h in hosts.workers if h.name == victim_file.read_text())
-        at = time.time()
-        fault(victim)
-        driver.wait(timeout=120)
-        outcome = json.loads((tmp_path / "driver.json").read_text())
-        gone = wait_until(lambda: not _node_processes(hosts, victim), DEFAULT_HEARTBEAT_TIMEOUT + 20)
-        outcome.update(
-            node=victim_file.name.removeprefix("up-").replace("-", ":"),
-            victim=victim,
-            fault_at=at,
-            gone=gone,
-            gone_s=time.time() - at,
-        )
+        with _running_nodes(hosts, tmp_path) as driver:
+            victim_file = sorted(tmp_path.glob("up-*"))[0]
+            victim = next(h for h in hosts.workers if h.name == victim_file.read_text())
+            at = time.time()
+            fault(victim)
+            driver.wait(timeout=120)
+            outcome = json.loads((tmp_path / "driver.json").read_text())
+            gone = wait_until(lambda: not _node_processes(hosts, victim), DEFAULT_HEARTBEAT_TIMEOUT + 20)
+            outcome.update(
+                node=victim_file.name.removeprefix("up-").replace("-", ":"),
+                victim=victim,
+                fault_at=at,
+                gone=gone,
+                gone_s=time.time() - at,
+            )
     finally:
         if victim is not None:
             hosts.restore(victim)
-        log.close()
-        if driver.poll() is None:
-            driver.kill()
     assert outcome["error"], f"the cluster ended without an error after the fault to {outcome['node']}"
     assert f"{outcome['role']}:{outcome['index']}" == outcome["node"]
     assert "last output" not in outcome["error"]  # a lost node has none: its reason is said once
@@ -162,23 +172,16 @@ def test_with_the_driver_host_cut_off_every_node_process_ends_by_itself(hosts, t
     """The driver's host loses its link mid-run: no Stop can reach the nodes, so each supervisor
     must notice the driver's silence (``heartbeat_timeout``) and stop its TF process itself. No
     supervisor or TF process is left on any worker host soon after."""
-    master = f"spark://{hosts.master.address}:7077"
-    log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 (the driver's, closed below)
-    driver = hosts.popen(hosts.driver, [sys.executable, str(DRIVER), "cut", master, str(tmp_path), "3"], log=log)
     try:
-        assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
-        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        on = [h for h in hosts.workers if _node_processes(hosts, h)]
-        assert len(on) == 2, "two worker hosts should run a node"
-        cut_at = time.time()
-        hosts.cut(hosts.driver)
-        ended = wait_until(lambda: not any(_node_processes(hosts, h) for h in on), DEFAULT_HEARTBEAT_TIMEOUT + 20)
-        seconds = time.time() - cut_at
+        with _running_nodes(hosts, tmp_path):  # the driver is killed at the end: its SparkContext
+            on = [h for h in hosts.workers if _node_processes(hosts, h)]  # would wait for the master long
+            assert len(on) == 2, "two worker hosts should run a node"
+            cut_at = time.time()
+            hosts.cut(hosts.driver)
+            ended = wait_until(lambda: not any(_node_processes(hosts, h) for h in on), DEFAULT_HEARTBEAT_TIMEOUT + 20)
+            seconds = time.time() - cut_at
     finally:
         hosts.restore(hosts.driver)
-        driver.kill()  # its SparkContext would wait for the master for long: not what is tested
-        driver.wait()
-        log.close()
     print(f"driver host cut off: every node process on {[h.name for h in on]} ended after {seconds:.1f}s")
     assert ended, f"node processes left: {[(h.name, _node_processes(hosts, h)) for h in on]}"
 

@@ -586,16 +586,8 @@ def test_a_real_spawn_still_gets_its_scratch_dir(monkeypatch, tmp_path):
 
 
 def _serving_config(**overrides) -> NodeConfig:
-    fields = {
-        "cluster_id": "server-restart-test",
-        "driver_host": "127.0.0.1",
-        "driver_port": 1,
-        "secret_hex": SECRET_HEX,
-        "reservation_timeout": 30.0,
-        "heartbeat_secs": 0.2,
-    }
-    fields.update(overrides)
-    return NodeConfig(**fields)
+    """:func:`_config` of a serving node's cluster, with heartbeats every 0.2 s."""
+    return _config(**{"cluster_id": "server-restart-test", "heartbeat_secs": 0.2, **overrides})
 
 
 def _serving(args, ctx):
