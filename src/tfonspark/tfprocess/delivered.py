@@ -1,9 +1,14 @@
-"""Which partitions of which feeds a node delivered: the memory behind exactly-once delivery.
+"""Which partitions of which feeds were delivered, and by whom: the memory behind exactly-once.
 
-The feed server asks :class:`Delivered` at the end of every training partition whether it is
-the first complete attempt of that partition; repeated attempts (Spark retries, speculative
-tasks) are dropped, and an attempt of a feed too old to be remembered is refused. Memory is
-bounded by the number of streams of feeds, not by their length.
+One :class:`Delivered` is asked at the end of every training partition whether it is the first
+complete attempt of that partition; repeated attempts (Spark retries, speculative tasks) are
+dropped, and an attempt of a feed too old to be remembered is refused. Memory is bounded by the
+number of streams of feeds, not by their length.
+
+In a cluster the one that answers is the driver's (its rendezvous server holds it, and every
+node's feed server asks it through :mod:`.feedclaims`): a retry that Spark runs on another
+executor may reach another node than the first attempt did, and only a memory shared by all
+nodes sees both. A feed server without a driver (tests, local feeds) keeps its own.
 """
 
 from __future__ import annotations
@@ -39,13 +44,20 @@ class Delivered:
 
     def __init__(self, remembered: int | None = None) -> None:
         self.remembered = _REMEMBERED_FEEDS if remembered is None else remembered
-        self.recent: dict[str | None, collections.OrderedDict[str, set[int]]] = {}  # stream -> feed -> partitions
+        # stream -> feed -> partition -> the node that delivered it ("" where none was named)
+        self.recent: dict[str | None, collections.OrderedDict[str, dict[int, str]]] = {}
         self.forgotten_up_to: dict[str, int] = {}  # stream -> the highest number it forgot
         self.forgotten_ids: set[str] = set()  # forgotten feeds whose id has no number
 
     def first(self, feed_id: str, partition: int) -> bool:
         """Record ``partition`` of ``feed_id`` delivered: True if it was not before, False if it
         was (a repeated attempt), ``FeedError`` if the feed is older than what is remembered."""
+        return self.claim(feed_id, partition) is None
+
+    def claim(self, feed_id: str, partition: int, owner: str = "") -> str | None:
+        """Record ``partition`` of ``feed_id`` delivered by ``owner`` if it was not before (None);
+        else the owner of its first delivery (a repeated attempt, to drop). ``FeedError`` if the
+        feed is older than what is remembered."""
         stream, number = _sequence(feed_id)
         family = stream if number is not None else None
         recent = self.recent.get(family) or collections.OrderedDict()
@@ -59,14 +71,14 @@ class Delivered:
                     "attempt that outlived its feed job)"
                 )
             recent = self.recent.setdefault(family, collections.OrderedDict())
-            seen = recent[feed_id] = set()
+            seen = recent[feed_id] = {}
             while len(recent) > self.remembered:
                 self._forget(recent.popitem(last=False)[0])
         recent.move_to_end(feed_id)
         if partition in seen:
-            return False
-        seen.add(partition)
-        return True
+            return seen[partition]
+        seen[partition] = owner
+        return None
 
     def _forget(self, feed_id: str) -> None:
         stream, number = _sequence(feed_id)

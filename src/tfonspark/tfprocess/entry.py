@@ -91,14 +91,22 @@ def _reporter(status: IO[str]) -> Reporter:
     return Reporter(lambda payload: on_event(ev.Reported(payload)))
 
 
-def _start_feed_server(config: NodeConfig, job_name: str, bind_host: str, status: IO[str]) -> Any:
+def _start_feed_server(config: NodeConfig, header: dict[str, Any], bind_host: str, status: IO[str]) -> Any:
+    job_name = header["job_name"]
     if config.input_mode != InputMode.SPARK or job_name not in ("chief", "master", "worker"):
         return None
+    from .feedclaims import DriverClaims
     from .feedserver import FeedServer
 
+    # the driver decides which node delivers a partition that Spark ran twice (feedclaims.py)
+    claims = DriverClaims((config.driver_host, config.driver_port), config.secret, f"{job_name}:{header['task_index']}")
     with _cleanup_lock:
         feed = FeedServer(
-            config.secret, buffer_bytes=config.feed_buffer_bytes, host=bind_host, on_event=_event_sink(status)
+            config.secret,
+            buffer_bytes=config.feed_buffer_bytes,
+            host=bind_host,
+            on_event=_event_sink(status),
+            claim=claims,
         )
         _State.feed_path = feed.unix_path
     if feed.unix_path:
@@ -110,6 +118,7 @@ def _close_feed_server(feed: Any) -> None:
     with _cleanup_lock:
         try:
             feed.close()
+            feed.claim.close()
         finally:
             remove_unix_socket(feed.unix_path)
             _State.feed_path = ""
@@ -135,7 +144,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
     reporter = _reporter(status)
     feed = None
     try:
-        feed = _start_feed_server(config, header["job_name"], bind_host, status)
+        feed = _start_feed_server(config, header, bind_host, status)
         ctx = NodeContext.in_cluster(config, header, mgr=feed, tmp_socket=tmp_socket, reporter=reporter)
         ctx.tensorboard_url = _start_tensorboard(config, ctx, host, bind_host)
         if config.release_port:

@@ -34,6 +34,7 @@ from ..wire.codec import BATCH_KIND, ColumnBatch, batch_count, decode_batch, enc
 from ..wire.framing import Connection, listen_unix, remove_unix_socket
 from ..wire.listener import Listener
 from .delivered import Delivered
+from .feedclaims import Claim
 from .feedqueue import END_FEED, ByteQueue, ConsumerStalled, EpochMark, Staging
 from .feedwaits import Waits
 
@@ -146,8 +147,12 @@ class FeedServer:
         host: str = "127.0.0.1",
         on_event: Callable[[ev.NodeEvent], None] | None = None,
         ahead: int | None = PARTITIONS_AHEAD,
+        claim: Claim | None = None,
     ) -> None:
         self.secret = secret
+        #: the driver's ledger of delivered partitions (:mod:`.feedclaims`), asked before a
+        #: training partition is committed; None: this node's own memory (:attr:`delivered`)
+        self.claim = claim
         self.buffer_bytes = buffer_bytes
         self.ahead = ahead  # None: acknowledge partitions on arrival (tests that read afterwards)
         self.on_event = on_event or (lambda event: None)
@@ -389,19 +394,25 @@ class FeedServer:
         return end.count
 
     def _first_delivery(self, stream: Stream) -> bool:
-        """True for the first complete attempt of a partition; later ones are dropped (False).
-        ``FeedError`` for an attempt of a feed too old to know (see :class:`Delivered`)."""
+        """True for the first complete attempt of a partition, on any node; later ones are
+        dropped (False). ``FeedError`` for an attempt of a feed too old to know (see
+        :class:`Delivered`), or when the driver, which knows what every node delivered
+        (:attr:`claim`), cannot be asked."""
         if stream.key is None:
             return True
-        with self._lock:
-            first = self.delivered.first(*stream.key)
-        if not first:
+        if self.claim is not None:
+            owner = self.claim(*stream.key)  # a round trip to the driver, outside the lock
+        else:
+            with self._lock:
+                owner = self.delivered.claim(*stream.key)
+        if owner is not None:
             log.info(
-                "feed server: partition %s was already delivered; dropped a repeated "
+                "feed server: partition %s was already delivered%s; dropped a repeated "
                 "attempt (a Spark retry or speculative task)",
                 stream.partition,
+                f" by {owner}" if owner else "",
             )
-        return first
+        return owner is None
 
     def _refuse(self, stream: Stream, refused: FeedError) -> None:
         """Tell the feeder (and the driver) why its partition was dropped."""

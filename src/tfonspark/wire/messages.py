@@ -18,6 +18,8 @@ from .framing import Connection
 __all__ = [
     "Ack",
     "ClusterReady",
+    "FeedClaim",
+    "FeedClaimed",
     "FeedClose",
     "FeedEnd",
     "FeedRelease",
@@ -174,6 +176,35 @@ class FeedEnd(Message):
 
     TYPE: ClassVar[str] = "feed_end"
     count: int
+
+
+@dataclass
+class FeedClaim(Message):
+    """Node -> driver: may ``node`` commit ``partition`` of the train feed ``feed_id``?
+
+    Sent by a node's feed server once a training partition has fully arrived, before its rows
+    are queued for map_fun. The driver remembers which node delivered each partition, so an
+    attempt that Spark ran again on another executor, and that reached another node, is
+    recognised there too (:mod:`tfonspark.tfprocess.feedclaims`). Answered by ``FeedClaimed``.
+    """
+
+    TYPE: ClassVar[str] = "feed_claim"
+    node: str
+    feed_id: str
+    partition: int
+
+
+@dataclass
+class FeedClaimed(Message):
+    """Driver -> node: ``first`` if no attempt of the partition was delivered before (it is now
+    this node's); else ``owner`` is the node that delivered it and this attempt is dropped.
+    ``refusal`` (with ``first`` False): the feed is too old for the driver to know, the
+    partition must not be delivered (its text says why)."""
+
+    TYPE: ClassVar[str] = "feed_claimed"
+    first: bool
+    owner: str = ""
+    refusal: str = ""
 
 
 @dataclass

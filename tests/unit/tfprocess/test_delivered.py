@@ -103,3 +103,11 @@ def test_the_driver_numbers_its_feeds():
     first, second = feeder_ids = [Feeder([target], SECRET.hex(), "input", 1.0).feed_id for _ in range(2)]
     stream, number = memory._sequence(first)
     assert memory._sequence(second) == (stream, number + 1), feeder_ids
+
+
+def test_a_claim_names_the_node_of_the_first_delivery():
+    delivered = memory.Delivered()
+    assert delivered.claim("d:1", 0, "worker:0") is None
+    assert delivered.claim("d:1", 0, "worker:1") == "worker:0"
+    assert delivered.claim("d:1", 1) is None and delivered.claim("d:1", 1, "worker:1") == ""
+    assert not delivered.first("d:1", 0)

@@ -1,5 +1,8 @@
 """The driver's rendezvous server: nodes register, receive the cluster, report up/exit, get stopped.
 
+It also answers the nodes' feed servers, which ask it before committing a training partition
+whether another node delivered that partition already (its :class:`~.ledger.FeedLedger`).
+
 Each node's supervisor keeps one authenticated connection open for the node's whole life. A
 connection that drops without a ``NodeExit``, or stays silent for ``heartbeat_timeout``, means
 the node (or its executor) died or hung. Both sides send a ``Heartbeat`` every
@@ -41,6 +44,7 @@ from ...wire import messages as m
 from ...wire.events import MAX_FEED_ID
 from ...wire.framing import Connection
 from ...wire.listener import Listener
+from .ledger import FeedLedger
 from .roles import NodeRole, build_cluster_spec
 
 __all__ = [
@@ -181,6 +185,7 @@ class RendezvousServer:
         self._closed = False
         self.stop_reason = ""  # set by request_stop(): why the cluster's streams should stop
         self._stopping = threading.Event()
+        self.ledger = FeedLedger()  # which node delivered each training partition, for all nodes
         sock, self.address = self._bind(host, port_spec, bind_host)
         self._listener = Listener(
             sock,
@@ -228,9 +233,12 @@ class RendezvousServer:
         node: NodeState | None = None
         try:
             conn.settimeout(self.handshake_timeout)  # Register must follow authentication at once
-            msg = m.recv_message(conn, m.Register, m.StopRequest)
+            msg = m.recv_message(conn, m.Register, m.StopRequest, m.FeedClaim)
             if isinstance(msg, m.StopRequest):
                 self._stop_request(conn, msg)
+                return False
+            if isinstance(msg, m.FeedClaim):  # a node's feed server: may it commit a partition?
+                self.ledger.serve(conn, msg)
                 return False
             assert isinstance(msg, m.Register)
             node = self._register(conn, msg)
@@ -502,6 +510,7 @@ class RendezvousServer:
             self._cond.notify_all()
         self._stopping.set()
         self._listener.close()
+        self.ledger.close()
         for node in self.nodes.values():
             if node.conn is not None:
                 node.conn.close()
