@@ -12,11 +12,21 @@ one result per row; the driver writes both outcomes to ``OUT_DIR/driver.json``.
 ``python hosts_driver.py cut MASTER_URL OUT_DIR EXECUTORS``: 2 nodes that run until stopped; each
 writes ``up-<job>-<index>`` with its host; the driver writes ``started``, then waits in
 ``shutdown()`` and writes the ``NodeFailed`` it gets (the test cuts a node's host off) and when.
+
+``python hosts_driver.py retry MASTER_URL OUT_DIR EXECUTORS ROWS``: Spark declares an executor
+lost after 6 s without heartbeats; 2 nodes read a DataFrame feed slowly, each writing
+``up-<task>`` (its host) and ``from-<host>`` once it read a row made on another host. The test
+cuts the node-less host off mid-feed (long enough for Spark to run its tasks again on the node
+hosts, or briefly) and restores it. Each row carries the Spark attempt that made it; the driver
+writes what the nodes read and the ledger's repeats (attempts dropped on a node) to
+``OUT_DIR/driver.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -88,7 +98,33 @@ def wait_to_be_cut(out_dir, ctx):
         time.sleep(0.2)
 
 
-def _context(master: str, executors: int) -> tuple[SparkContext, str]:
+def read_slowly(out_dir, ctx):
+    """A node that reads its feed slowly (the feed lasts while the test cuts a host off), notes
+    where it runs and the first row it read from each other host, and writes every row it read."""
+    import json
+    import os
+    import socket
+    import time
+
+    mine = socket.gethostname()
+    with open(os.path.join(out_dir, f"up-{ctx.task_index}"), "w") as f:
+        f.write(mine)
+    feed = ctx.get_data_feed(train_mode=True)
+    rows, seen = [], {mine}
+    while not feed.should_stop():
+        batch = feed.next_batch(250)
+        if not batch:
+            break
+        rows.extend((int(i), made_on, int(attempt)) for i, made_on, attempt in batch)
+        for made_on in {r[1] for r in batch} - seen:
+            seen.add(made_on)
+            open(os.path.join(out_dir, f"from-{made_on}"), "w").close()
+        time.sleep(0.1)
+    with open(os.path.join(out_dir, f"node-{ctx.task_index}.json"), "w") as f:
+        json.dump({"host": mine, "rows": rows}, f)
+
+
+def _context(master: str, executors: int, **conf_keys: str) -> tuple[SparkContext, str]:
     """A SparkContext at this host's own address, once ``executors`` executors registered."""
     address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
     conf = spark_conf(
@@ -99,6 +135,7 @@ def _context(master: str, executors: int) -> tuple[SparkContext, str]:
         spark__cores__max=str(executors),
         spark__executor__cores="1",
         spark__executor__memory="768m",
+        **conf_keys,
     )
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
@@ -153,10 +190,57 @@ def cut_off(master: str, out_dir: Path, executors: int) -> dict:
     return outcome
 
 
+class _Repeats(logging.Handler):
+    """The driver ledger's log of dropped repeated attempts (driver/nodes/ledger.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def feed_through_a_cut(master: str, out_dir: Path, executors: int, rows: int) -> dict:
+    """Train 2 nodes from a DataFrame read slowly while the test cuts the node-less host off."""
+    lost_after = {  # Spark: an executor silent for 6 s is lost, checked every second
+        "spark__network__timeout": "6s",
+        "spark__network__timeoutInterval": "1s",
+        "spark__storage__blockManagerTimeoutIntervalMs": "1000",
+        "spark__executor__heartbeatInterval": "1s",
+    }
+    sc, _ = _context(master, executors, **lost_after)
+    repeats = _Repeats()
+    ledger = logging.getLogger("tfonspark.driver.nodes.ledger")
+    ledger.setLevel(logging.INFO)
+    ledger.addHandler(repeats)
+    spark = SparkSession(sc)
+    made_on = F.udf(lambda _: __import__("socket").gethostname(), StringType())
+    attempt = F.udf(lambda _: __import__("pyspark").TaskContext.get().attemptNumber(), "int")
+    df = spark.range(0, rows, numPartitions=6 * executors).select(
+        F.col("id"), made_on(F.col("id")).alias("made_on"), attempt(F.col("id")).alias("attempt")
+    )
+    cluster = tfonspark.run(sc, read_slowly, str(out_dir), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+    started = time.monotonic()
+    outcome: dict = {"error": None}
+    try:
+        outcome["fed"] = cluster.train(df, num_epochs=1, feed_timeout=60)
+        cluster.shutdown(timeout=120)
+    except Exception as error:  # a clean failure is allowed; a hang or a row twice is not
+        outcome["error"] = f"{type(error).__name__}: {error}"
+        with contextlib.suppress(Exception):
+            cluster.shutdown(timeout=30)
+    outcome.update(train_s=time.monotonic() - started, repeats=repeats.lines)
+    sc.stop()
+    return outcome
+
+
 def main() -> int:
     mode, master, out_dir, executors = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     if mode == "feed":
         out = feed_and_answer(master, out_dir, executors, int(sys.argv[5]))
+    elif mode == "retry":
+        out = feed_through_a_cut(master, out_dir, executors, int(sys.argv[5]))
     else:
         out = cut_off(master, out_dir, executors)
     (out_dir / "driver.json").write_text(json.dumps(out))

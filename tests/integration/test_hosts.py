@@ -186,6 +186,61 @@ def test_with_the_driver_host_cut_off_every_node_process_ends_by_itself(hosts, t
     assert ended, f"node processes left: {[(h.name, _node_processes(hosts, h)) for h in on]}"
 
 
+RETRY_ROWS = 150_000
+
+
+@pytest.mark.parametrize("cut_s", [20, 4], ids=["spark-retries-elsewhere", "link-back-after-4s"])
+def test_a_feeding_host_cut_off_then_back_trains_no_row_twice_and_loses_none(hosts, tmp_path, cut_s):
+    """The node-less host, which feeds its partitions over TCP to the node hosts, is cut off
+    mid-feed and restored ``cut_s`` later. Cut for 20 s, Spark declares its executor lost (6 s
+    here) and runs its tasks again on the node hosts, where each feeds its own node: an attempt
+    may reach another node than the first one did, and the old attempt may finish once the link
+    is back. Cut for 4 s, nothing is declared lost and the stalled connections go on. Either
+    way every row is trained once (or the job fails cleanly); the driver's ledger says which
+    repeated attempts it dropped."""
+    master = f"spark://{hosts.master.address}:7077"
+    argv = [sys.executable, str(DRIVER), "retry", master, str(tmp_path), "3", str(RETRY_ROWS)]
+    feeder = None
+    with open(tmp_path / "driver.log", "wb") as log:
+        driver = hosts.popen(hosts.driver, argv, log=log)
+        try:
+            assert wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 or driver.poll() is not None, 240)
+            node_hosts = {p.read_text() for p in tmp_path.glob("up-*")}
+            feeder = next(h for h in hosts.workers if h.name not in node_hosts)
+            assert wait_until(lambda: (tmp_path / f"from-{feeder.name}").exists() or driver.poll() is not None, 120)
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            cut_at = time.time()
+            hosts.cut(feeder)
+            time.sleep(cut_s)
+            hosts.restore(feeder)
+            driver.wait(timeout=300)
+            ended_s = time.time() - cut_at
+        finally:
+            if feeder is not None:
+                hosts.restore(feeder)
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+    outcome = json.loads((tmp_path / "driver.json").read_text())
+    rows = [tuple(r) for p in sorted(tmp_path.glob("node-*.json")) for r in json.loads(p.read_text())["rows"]]
+    counts = Counter(r[0] for r in rows)
+    twice = sorted(i for i, n in counts.items() if n > 1)
+    retried = Counter(r[1] for r in rows if r[2] > 0)  # rows a later Spark attempt delivered, by host
+    print(
+        f"{feeder.name} cut off for {cut_s}s: train() ended {ended_s:.1f}s after the cut, error "
+        f"{outcome['error']!r}; rows trained {len(rows)} of {RETRY_ROWS}, twice {len(twice)}, delivered "
+        f"by a retry {dict(retried)}; the driver dropped {len(outcome['repeats'])} repeated attempt(s): "
+        f"{outcome['repeats']}"
+    )
+    assert not twice, f"{len(twice)} rows trained twice, e.g. {twice[:5]}"
+    if outcome["error"] is None:
+        assert outcome["fed"] == RETRY_ROWS and sorted(counts) == list(range(RETRY_ROWS))
+    else:  # failing is allowed, hanging is not (driver.wait above) and nor is a vague error
+        assert "partition" in outcome["error"] or "node" in outcome["error"], outcome["error"]
+    if cut_s > 6:  # a retry delivered its partition, or found it delivered and was dropped
+        assert retried or outcome["repeats"], "Spark ran no feed task again: the cut was too short"
+
+
 def test_a_node_host_whose_processes_all_die_fails_the_cluster_within_10s_saying_so(hosts, tmp_path):
     """Every process of a node's host dies at once (Spark worker, executor, supervisor, TF): the
     connections break, and the error says the node's process or host died. Runs last: that
