@@ -8,7 +8,12 @@ local devices, so single-process runs take the same code path as clusters.
 
 The collective implementation comes from ``communication``, else ``$TFONSPARK_COLLECTIVE``: in a
 tfonspark node the supervisor sets that variable from the resolved ``collective`` setting
-(:mod:`tfonspark.settings`); outside tfonspark a user sets it, or nothing (``auto``).
+(:mod:`tfonspark.settings`); outside tfonspark a user sets it, or nothing (``auto``). The other
+two of TF's ``CommunicationOptions`` come the same way: ``bytes_per_pack`` (gradients all-reduced
+in packs of about that many bytes, 0: TF's choice) and ``timeout_seconds`` (how long a collective
+waits for its peers; unset, it waits forever). Across hosts a collective waiting on a peer whose
+host is cut off then ends with ``DeadlineExceededError`` instead of hanging; the node's error
+names the peers it waited on (:mod:`tfonspark.tfprocess.hints`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from ..settings import COLLECTIVE_ENV
 from .tf_config import TF_CONFIG_ENV, TaskInfo, task_info
 
 __all__ = [
+    "BYTES_PER_PACK_ENV",
     "COLLECTIVE_ENV",
+    "COLLECTIVE_TIMEOUT_ENV",
     "check_model_strategy",
     "keras_flavor",
     "strategy",
@@ -40,32 +47,48 @@ _IMPLEMENTATIONS = {
 }
 
 _lock = threading.Lock()
-_cached: tuple[tf.distribute.Strategy, tuple[str, str]] | None = None
+_cached: tuple[tf.distribute.Strategy, tuple[str, str, int, float | None]] | None = None
+
+#: the environment's ``bytes_per_pack`` and ``timeout_seconds`` of :func:`strategy`, where its
+#: caller passes none (a node's supervisor sets them from ``collective_bytes_per_pack`` and
+#: ``collective_timeout`` where those settings are given)
+BYTES_PER_PACK_ENV = "TFONSPARK_COLLECTIVE_BYTES_PER_PACK"
+COLLECTIVE_TIMEOUT_ENV = "TFONSPARK_COLLECTIVE_TIMEOUT"
 
 
-def strategy(*, communication: str | None = None) -> tf.distribute.Strategy:
+def strategy(
+    *, communication: str | None = None, bytes_per_pack: int | None = None, timeout_seconds: float | None = None
+) -> tf.distribute.Strategy:
     """Return this process's MWMS, creating it from ``TF_CONFIG`` on the first call.
 
     ``communication`` (default: ``$TFONSPARK_COLLECTIVE``, else ``"auto"``) picks the collective
-    implementation: one of :data:`tfonspark.settings.COLLECTIVES`. Raises :class:`~tfonspark.errors.ConfigError` when called after other
-    TensorFlow ops in a multi-worker process, or when ``TF_CONFIG`` or ``communication``
+    implementation: one of :data:`tfonspark.settings.COLLECTIVES`. ``bytes_per_pack`` (default:
+    ``$TFONSPARK_COLLECTIVE_BYTES_PER_PACK``, else 0, TF's choice) and ``timeout_seconds``
+    (default: ``$TFONSPARK_COLLECTIVE_TIMEOUT``, else none: a collective waits for its peers
+    forever) are the rest of TF's ``CommunicationOptions``. Raises
+    :class:`~tfonspark.errors.ConfigError` when called after other TensorFlow ops in a
+    multi-worker process, for an option out of range, or when ``TF_CONFIG`` or an option
     changed since the strategy was created (a process holds one strategy for its lifetime).
     """
     global _cached
     config = os.environ.get(TF_CONFIG_ENV, "")
     name = _collective(communication)
-    key = (config, name)
+    pack, timeout = _bytes_per_pack(bytes_per_pack), _timeout_seconds(timeout_seconds)
+    key = (config, name, pack, timeout)
     with _lock:
         if _cached is not None:
             if _cached[1] != key:
                 raise ConfigError(
                     "tfonspark.distribute.strategy() was already created in this process with a "
-                    "different TF_CONFIG or communication; a process holds one strategy. "
+                    "different TF_CONFIG or communication options; a process holds one strategy. "
                     f"Created with: {_cached[1]!r}. Received: {key!r}"
                 )
             return _cached[0]
         task_info(config)  # a malformed TF_CONFIG fails here, with the field named
-        created = _create_mwms(_IMPLEMENTATIONS[name])
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=pack, timeout_seconds=timeout, implementation=_IMPLEMENTATIONS[name]
+        )
+        created = _create_mwms(options)
         _cached = (created, key)
         return created
 
@@ -78,9 +101,36 @@ def _collective(communication: str | None) -> str:
     return str(settings.node_value("collective", settings.DEFAULT_COLLECTIVE, source="the environment"))
 
 
-def _create_mwms(implementation: Any) -> tf.distribute.Strategy:
+def _bytes_per_pack(given: int | None) -> int:
+    """``bytes_per_pack`` as given, else ``$TFONSPARK_COLLECTIVE_BYTES_PER_PACK``, else 0."""
+    raw: object = given if given is not None else os.environ.get(BYTES_PER_PACK_ENV, "0")
+    where = "bytes_per_pack" if given is not None else BYTES_PER_PACK_ENV
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -1
+    if value < 0 or isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise ConfigError(f"{where} must be a whole number of bytes >= 0 (0: TF's choice). Received: {raw!r}")
+    return value
+
+
+def _timeout_seconds(given: float | None) -> float | None:
+    """``timeout_seconds`` as given, else ``$TFONSPARK_COLLECTIVE_TIMEOUT``, else None (no timeout)."""
+    raw: object = given if given is not None else os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
+    if raw == "":
+        return None
+    where = "timeout_seconds" if given is not None else COLLECTIVE_TIMEOUT_ENV
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf") or isinstance(raw, bool):
+        raise ConfigError(f"{where} must be a number of seconds > 0 (unset: no timeout). Received: {raw!r}")
+    return value
+
+
+def _create_mwms(options: Any) -> tf.distribute.Strategy:
     """Create the MWMS, turning the runtime's startup-order error into a ConfigError."""
-    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except RuntimeError as err:

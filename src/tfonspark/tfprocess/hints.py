@@ -6,6 +6,7 @@ Appended to the traceback a failing ``map_fun`` reports, so it reaches the drive
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
 from collections.abc import Iterator, Mapping
@@ -55,6 +56,32 @@ _NP_ALIAS = (
 )
 
 
+def _collective_timeout(environ: Mapping[str, str]) -> str:
+    """What a collective's ``DeadlineExceededError`` means: the peers it waited on, named from ``TF_CONFIG``."""
+    try:
+        config = json.loads(environ.get("TF_CONFIG", "") or "{}")
+        task = config.get("task", {})
+        me = f"{task.get('type')}:{task.get('index')}"
+        peers = [
+            f"{role}:{i} at {address}"
+            for role, addresses in config.get("cluster", {}).items()
+            if role in ("chief", "worker")
+            for i, address in enumerate(addresses)
+            if f"{role}:{i}" != me
+        ]
+    except (ValueError, AttributeError, TypeError):
+        peers = []
+    waited = f" ({', '.join(peers)})" if peers else ""
+    limit = environ.get("TFONSPARK_COLLECTIVE_TIMEOUT", "")
+    return (
+        f"A collective (an all-reduce of the step) waited {limit + ' s, ' if limit else ''}its timeout_seconds, for "
+        f"the other workers{waited} and one of them did not take part: its host is unreachable or its process "
+        "died (the driver's NodeFailed for it says which, within heartbeat_timeout), or its steps are slower "
+        "than the timeout. Fix: raise collective_timeout (run(collective_timeout=...) or "
+        "tfonspark.distribute.strategy(timeout_seconds=...)) if the steps are slow."
+    )
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -64,8 +91,12 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _hint(exc: BaseException, legacy: bool) -> str:
+def _hint(exc: BaseException, legacy: bool, environ: Mapping[str, str]) -> str:
     text = str(exc)
+    if type(exc).__name__ == "DeadlineExceededError" and (
+        "ollective" in text or environ.get("TFONSPARK_COLLECTIVE_TIMEOUT")
+    ):
+        return _collective_timeout(environ)
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "tensorflow_estimator":
         return _NO_ESTIMATOR
     if isinstance(exc, ImportError) and legacy and ("tf_keras" in text or "Keras cannot be imported" in text):
@@ -105,7 +136,7 @@ def hint_for(exc: BaseException, environ: Mapping[str, str] | None = None) -> st
     environ = os.environ if environ is None else environ
     legacy = environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
     for link in _chain(exc):
-        found = _hint(link, legacy)
+        found = _hint(link, legacy, environ)
         if found:
             return found
     return ""

@@ -143,3 +143,20 @@ def test_a_conv2d_on_an_empty_batch_names_tfonspark_keras_fit():
         hint = hint_for(tf.errors.InvalidArgumentError(None, None, message), {"TF_USE_LEGACY_KERAS": "1"})
         assert "0 rows" in hint and "tfonspark.keras.fit" in hint and "drop_remainder=True" in hint
     assert hint_for(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [3,2] vs. [4,2]"), {}) == ""
+
+
+def test_a_collective_timeout_names_the_peers_it_waited_on_and_the_setting():
+    import json
+
+    import tensorflow as tf
+
+    tf_config = {
+        "cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    environ = {"TF_CONFIG": json.dumps(tf_config), "TFONSPARK_COLLECTIVE_TIMEOUT": "20"}
+    error = tf.errors.DeadlineExceededError(None, None, "Collective ops is aborted by: ... timed out")
+    hint = hint_for(error, environ)
+    assert "chief:0 at 10.0.0.1:2222, worker:1 at 10.0.0.3:2222" in hint and "worker:0" not in hint
+    assert "20 s" in hint and "collective_timeout" in hint and "unreachable" in hint
+    assert hint_for(tf.errors.DeadlineExceededError(None, None, "a file read timed out"), {}) == ""
