@@ -13,6 +13,11 @@ one result per row; the driver writes both outcomes to ``OUT_DIR/driver.json``.
 writes ``up-<job>-<index>`` with its host; the driver writes ``started``, then waits in
 ``shutdown()`` and writes the ``NodeFailed`` it gets (the test cuts a node's host off) and when.
 
+``python hosts_driver.py mwms MASTER_URL OUT_DIR EXECUTORS``: ``tfonspark.keras.fit`` of a Conv2D
+model under MWMS on 2 nodes of 2 hosts, with uneven input and TensorBoard on the chief; each node
+writes its host, losses, rows per epoch and ``TF_CONFIG`` to ``OUT_DIR/node-<task>.json``, the
+driver the TensorBoard URL.
+
 ``python hosts_driver.py retry MASTER_URL OUT_DIR EXECUTORS ROWS``: Spark declares an executor
 lost after 6 s without heartbeats; 2 nodes read a DataFrame feed slowly, each writing
 ``up-<task>`` (its host) and ``from-<host>`` once it read a row made on another host. The test
@@ -122,6 +127,49 @@ def read_slowly(out_dir, ctx):
         time.sleep(0.1)
     with open(os.path.join(out_dir, f"node-{ctx.task_index}.json"), "w") as f:
         json.dump({"host": mine, "rows": rows}, f)
+
+
+def fit_uneven(out_dir, ctx):
+    """A node of an MWMS cluster: ``tfonspark.keras.fit`` of the demo CNN (Conv2D) on uneven input
+    (worker 0 has 3 batches, worker 1 has 7), its all-reduces crossing hosts; writes what it saw."""
+    from tfonspark import distribute
+
+    strategy = distribute.strategy()  # before any other TensorFlow op
+    import json
+    import os
+    import socket
+
+    import numpy as np
+    import tensorflow as tf
+
+    import tfonspark.keras as tfk
+    from tfonspark.demo.model import build_model
+
+    rows = (3, 7)[ctx.task_index] * 16
+    rng = np.random.default_rng(ctx.task_index)
+    x, y = rng.random((rows, 784), dtype=np.float32), rng.integers(0, 10, rows).astype(np.int64)
+
+    def dataset_fn(input_ctx):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(input_ctx.get_per_replica_batch_size(16))
+
+    seen = []
+    with strategy.scope():
+        model = build_model(total_steps=20)
+    history = tfk.fit(
+        model,
+        dataset_fn,
+        epochs=1,
+        verbose=0,
+        on_progress=lambda p: seen.append(p.global_rows) if p.epoch_end else None,
+    )
+    found = {
+        "host": socket.gethostname(),
+        "loss": [float(v) for v in history.history["loss"]],
+        "global_rows": seen,
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+    }
+    with open(os.path.join(out_dir, f"node-{ctx.task_index}.json"), "w") as f:
+        json.dump(found, f)
 
 
 def _context(master: str, executors: int, **conf_keys: str) -> tuple[SparkContext, str]:
@@ -235,10 +283,24 @@ def feed_through_a_cut(master: str, out_dir: Path, executors: int, rows: int) ->
     return outcome
 
 
+def mwms_fit(master: str, out_dir: Path, executors: int) -> dict:
+    """``tfonspark.keras.fit`` under MWMS on 2 nodes of 2 hosts, TensorBoard on the chief."""
+    sc, _ = _context(master, executors)
+    started = time.monotonic()
+    cluster = tfonspark.run(sc, fit_uneven, str(out_dir), 2, tensorboard=True, reservation_timeout=120)
+    url = cluster.tensorboard_url()
+    cluster.shutdown(timeout=240)
+    outcome = {"tensorboard_url": url, "fit_s": time.monotonic() - started}
+    sc.stop()
+    return outcome
+
+
 def main() -> int:
     mode, master, out_dir, executors = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     if mode == "feed":
         out = feed_and_answer(master, out_dir, executors, int(sys.argv[5]))
+    elif mode == "mwms":
+        out = mwms_fit(master, out_dir, executors)
     elif mode == "retry":
         out = feed_through_a_cut(master, out_dir, executors, int(sys.argv[5]))
     else:

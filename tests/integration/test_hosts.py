@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tfonspark.settings import DEFAULT_HEARTBEAT_TIMEOUT
@@ -90,6 +91,27 @@ def test_a_feed_across_hosts_trains_every_row_once_and_answers_each_in_order(hos
     assert [r[0] for r in results] == [2 * i for i in range(ROWS)]
     answered_on = {r[1] for r in results}  # the inference cluster's two nodes, wherever they started
     assert len(answered_on) == 2 and answered_on < worker_hosts, answered_on
+
+
+def test_keras_fit_under_mwms_trains_a_conv2d_model_across_hosts_on_uneven_input(hosts, tmp_path):
+    """Two nodes on two hosts all-reduce over TF's gRPC across the bridge; worker 0 runs out of
+    data 4 steps before worker 1 (tfonspark.keras.fit's uneven input). TensorBoard's URL and every
+    address in TF_CONFIG are the hosts' own."""
+    master = f"spark://{hosts.master.address}:7077"
+    done = hosts.run(hosts.driver, [sys.executable, str(DRIVER), "mwms", master, str(tmp_path), "3"], timeout=420)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    driver = json.loads((tmp_path / "driver.json").read_text())
+    nodes = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node-*.json"))]
+    print(f"MWMS keras.fit across {[n['host'] for n in nodes]}: {driver['fit_s']:.1f}s, TB {driver['tensorboard_url']}")
+    assert len({n["host"] for n in nodes}) == 2, "the two nodes should run on two hosts"
+    assert all(n["global_rows"] == [(3 + 7) * 16] for n in nodes)  # every row of both workers, once
+    assert all(np.isfinite(n["loss"]).all() for n in nodes)
+    own = {h.address for h in hosts.all}
+    for node in nodes:
+        addresses = [a for tasks in node["tf_config"]["cluster"].values() for a in tasks]
+        assert {a.rsplit(":", 1)[0] for a in addresses} <= own, addresses
+    url = driver["tensorboard_url"]
+    assert url and url.split("//", 1)[1].rsplit(":", 1)[0] in {h.address for h in hosts.workers}, url
 
 
 NODE_PROCESSES = ("tfonspark.executor.supervisor", "tfonspark.tfprocess.entry")
