@@ -1,9 +1,10 @@
 """What travels from the driver to every node, validated on construction.
 
 The settings among it are the fields ``NodeConfig`` inherits from
-:class:`tfonspark.settings.NodeSettings` (feed buffer, TensorBoard port, bind address, heartbeat
-timeout, collective, spare processes, and the driver-side waits ``epoch_end_timeout`` and
-``stream_stop_timeout`` that the driver's ``Cluster`` reads from its config), resolved once on
+:class:`tfonspark.settings.NodeSettings` (feed buffer, TensorBoard port, bind address, the
+``port_range`` every listener of the node takes its port from, heartbeat timeout, collective,
+spare processes, and the driver-side waits ``epoch_end_timeout`` and ``stream_stop_timeout``
+that the driver's ``Cluster`` reads from its config), resolved once on
 the driver by :func:`tfonspark.settings.resolve`; their types, defaults and checks live in
 :mod:`tfonspark.settings`, not here.
 """

@@ -55,6 +55,17 @@ other way (a child process, a library outside Python and TF) needs ``ctx.release
 **Other binds**: :func:`listen_reusable` is the rendezvous server's listening socket
 (``SO_REUSEADDR``, so that a fixed ``server_port`` binds again while the last attempt's
 connections are in TIME-WAIT). Whether a server listens yet is :mod:`tfonspark.probes`' question.
+
+**The port range** (the ``port_range`` setting, for a firewall): every server of tfonspark and
+of its TF processes takes its port from it, on its own host: :func:`reserve_port` and
+:func:`bind_within` try each port of the range in turn, from its low end, until one binds, so
+two servers on one host (two nodes on one executor host, a node beside the driver) never
+collide, whatever order they start in; :func:`free_port_within` finds one for a server that
+binds it itself (TensorBoard). A range with no port left is a
+:class:`~tfonspark.errors.ConfigError` naming the setting, the range, the host and what needed
+the port (:func:`range_exhausted`). A TF process confines itself once, from its ``NodeConfig``
+(:func:`confine`): its listeners that are not given a range take this one (:func:`confined`).
+docs/ports.md lists every port.
 """
 
 from __future__ import annotations
@@ -71,17 +82,25 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .errors import ClusterError
+from . import settings
+from .errors import ClusterError, ConfigError
 from .importhook import AfterImport
 
 __all__ = [
+    "PORT_RANGE_KEYS",
     "SERVER_STARTS",
     "Listener",
     "PortHandover",
+    "bind_within",
+    "confine",
+    "confined",
     "foreign_listeners",
+    "free_port_within",
     "hand_over_port",
     "listen_reusable",
     "pending_handovers",
+    "range_exhausted",
+    "range_ports",
     "receive_port",
     "release_handovers",
     "reserve_port",
@@ -95,9 +114,88 @@ _log = logging.getLogger(__name__)
 _PORT_MESSAGE = b"P"  # what comes with a port's socket on a Unix socket (send_port)
 
 
+# ---- the port range -------------------------------------------------------------------------------
+
+#: how the setting is given, for the errors that name it
+PORT_RANGE_KEYS = "port_range (spark.tfonspark.portRange, TFONSPARK_PORT_RANGE)"
+
+#: errors of a bind that mean "this port is taken here, try the next one"
+_TAKEN = (errno.EADDRINUSE, errno.EACCES)
+
+
+class _Confined:
+    port_range = ""  #: this process's range (a TF process's ``NodeConfig.port_range``); "": none
+
+
+def confine(port_range: str) -> None:
+    """Confine this process's listeners that are given no range of their own to ``port_range``
+    (a TF process does, from its ``NodeConfig``; ``""``: any free port). ConfigError for a bad one."""
+    _Confined.port_range = settings.check("port_range", port_range)
+
+
+def confined() -> str:
+    """The range :func:`confine` set for this process (``""``: none)."""
+    return _Confined.port_range
+
+
+def range_ports(port_range: str) -> list[int]:
+    """The ports of ``port_range``, low to high; ``[0]`` (any free port) where it is ``""``."""
+    low, high = settings.port_range(settings.check("port_range", port_range))
+    return list(range(low, high + 1))
+
+
+def range_exhausted(port_range: str, what: str, error: BaseException | None = None) -> ConfigError:
+    """The ConfigError of a range that has no free port left on this host for ``what``."""
+    ports = range_ports(port_range)
+    size = f"its {len(ports)} ports are" if len(ports) > 1 else "its one port is"
+    why = f" (the last bind: {error})" if error is not None else ""
+    return ConfigError(
+        f"port_range {port_range!r} has no free port left for {what} on host {socket.gethostname()}: "
+        f"{size} taken there{why}. Every server of the cluster on one host takes its own port of the "
+        f"range (docs/ports.md); widen the range with {PORT_RANGE_KEYS}"
+    )
+
+
+def bind_within(sock: socket.socket, host: str, what: str, port_range: str | None = None) -> int:
+    """Bind ``sock`` to ``host`` at the first port of ``port_range`` free on this host; its port.
+
+    ``port_range``: None = this process's (:func:`confined`); ``""`` = any free port. The socket
+    keeps its options (a listener without ``SO_REUSEADDR`` never takes a port another socket
+    holds, a node's reservation or a TIME-WAIT connection included). ConfigError naming the
+    range and ``what`` where every port of it is taken (:func:`range_exhausted`).
+    """
+    spec = confined() if port_range is None else port_range
+    last: OSError | None = None
+    for port in range_ports(spec):
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if not spec or exc.errno not in _TAKEN:
+                raise
+            last = exc
+            continue
+        return int(sock.getsockname()[1])
+    raise range_exhausted(spec, what, last)
+
+
+def free_port_within(host: str, what: str, port_range: str | None = None) -> int:
+    """A port of ``port_range`` free on ``host`` now, for a server that binds it itself (TensorBoard).
+
+    Another process may take it before that server binds it: the caller tries the next one then.
+    ``port_range`` as for :func:`bind_within`.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        return bind_within(probe, host.strip("[]") or "0.0.0.0", what, port_range)
+
+
 # ---- the reservation ------------------------------------------------------------------------------
-def reserve_port(port: int = 0, ipv6: bool = True) -> socket.socket:
+def reserve_port(port: int = 0, ipv6: bool = True, *, port_range: str = "", what: str = "a port") -> socket.socket:
     """Bind (without listening) a TCP port so no other process takes it before TF does.
+
+    ``port`` 0 with a ``port_range`` (the setting): the first port of the range that can be
+    reserved on this host; ConfigError naming the range and ``what`` where none can
+    (:func:`range_exhausted`). A fixed ``port`` is that port, whatever the range.
 
     The socket binds the wildcard address with neither ``SO_REUSEADDR`` nor ``SO_REUSEPORT``:
     on Linux any other bind of that port, on any local address and whatever options the other
@@ -113,6 +211,21 @@ def reserve_port(port: int = 0, ipv6: bool = True) -> socket.socket:
     The socket is inheritable so the TF process can hold it until it hands the port over.
     """
     del ipv6  # both families are held wherever the host can
+    if port or not port_range:
+        return _reserve(port)
+    last: OSError | None = None
+    for candidate in range_ports(port_range):
+        try:
+            return _reserve(candidate)
+        except OSError as exc:
+            if exc.errno not in _TAKEN:
+                raise
+            last = exc
+    raise range_exhausted(port_range, what, last)
+
+
+def _reserve(port: int) -> socket.socket:
+    """:func:`reserve_port` of one port (0: any free port)."""
     sock = _dual_stack(port)
     if sock is None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -148,6 +148,15 @@ def _port_spec(raw: object) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
+def _port_range_spec(raw: object) -> str:
+    """``port_range``: a range ``low-high`` or one port, normalised as :func:`_port_spec` does
+    (``""``: not confined). A bound of 0 is refused: port 0 means "any port", not a port."""
+    spec = _port_spec(raw)
+    if spec and port_range(spec)[0] == 0:
+        raise ValueError
+    return spec
+
+
 def _feed_bytes(raw: object) -> int:
     return parsers.integer(raw, minimum=MIN_FEED_BUFFER_BYTES)
 
@@ -246,6 +255,19 @@ SETTINGS: tuple[Setting, ...] = (
         default_text="the node's advertised address",
     ),
     Setting(
+        "port_range",
+        "spark.tfonspark.portRange",
+        ("TFONSPARK_PORT_RANGE",),
+        "",
+        _port_range_spec,
+        "a port range like 40000-40100, or one port (1-65535)",
+        "the ports every server of tfonspark and its TF processes listens on, for a firewall: the "
+        "rendezvous server (unless `server_port` is set), feed servers, TF's gRPC servers, TensorBoard "
+        "(unless `tensorboard_port` is set), the tf.data dispatcher and workers; each takes the first free "
+        "port of the range on its host ([ports](ports.md))",
+        default_text="any free port",
+    ),
+    Setting(
         "heartbeat_timeout",
         "spark.tfonspark.heartbeatTimeout",
         ("TFONSPARK_HEARTBEAT_TIMEOUT",),
@@ -338,6 +360,7 @@ class Settings:
     feed_buffer_bytes: int | None = None
     tensorboard_port: int | None = None
     bind_host: str | None = None
+    port_range: int | str | None = None
     heartbeat_timeout: float | None = None
     collective: str | None = None
     legacy_keras: bool | str | None = None
@@ -408,6 +431,7 @@ class NodeSettings:
     feed_buffer_bytes: int = _default("feed_buffer_bytes")
     tensorboard_port: int = _default("tensorboard_port")  # 0: the node's TENSORBOARD_PORT, else a free port
     bind_host: str = _default("bind_host")  # "": the node's advertised address
+    port_range: str = _default("port_range")  # "": any free port; "low-high": every listener of the node in it
     heartbeat_timeout: float = _default("heartbeat_timeout")
     collective: str = _default("collective")  # the TF process's TFONSPARK_COLLECTIVE
     epoch_end_timeout: float = _default("epoch_end_timeout")

@@ -9,6 +9,7 @@ tests/integration/test_port_handover.py runs the real TF.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import errno
 import logging
 import os
@@ -22,9 +23,11 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from tfonspark import host, ports
-from tfonspark.errors import ClusterError
+from tfonspark.errors import ClusterError, ConfigError
 from tfonspark.importhook import AfterImport
 from tfonspark.tfprocess.context import NodeContext
+
+from ._port_range import free_range, listening
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux bind() rules")
 
@@ -569,3 +572,97 @@ def test_foreign_listeners_names_another_processs_listener_not_ours():
         assert (found.address, found.port, found.uid) == ("::1", port, os.getuid()) and found.inode > 0
     finally:
         other.communicate(timeout=10)
+
+
+# ---- the port range (the port_range setting) -------------------------------------------------------
+
+
+def _bounds(spec: str) -> tuple[int, int]:
+    low, high = spec.split("-")
+    return int(low), int(high)
+
+
+def test_reservations_from_a_range_take_its_free_ports_from_the_low_end_without_collisions():
+    """Two nodes on one host reserve from the same range: each gets its own port of it."""
+    spec = free_range(4)
+    low, _ = _bounds(spec)
+    with contextlib.ExitStack() as held:
+        first = held.enter_context(ports.reserve_port(port_range=spec, what="worker:0's TF port"))
+        second = held.enter_context(ports.reserve_port(port_range=spec, what="worker:1's TF port"))
+        assert [first.getsockname()[1], second.getsockname()[1]] == [low, low + 1]
+        held.enter_context(listening(low + 2))  # a listener of another server of this host: skipped too
+        third = held.enter_context(ports.reserve_port(port_range=spec))
+        assert third.getsockname()[1] == low + 3
+        assert not third.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)  # a reservation as ever
+
+
+def test_a_range_with_no_port_left_is_a_config_error_naming_the_setting_the_range_and_who_needed_it():
+    spec = free_range(2)
+    low, high = _bounds(spec)
+    with ports.reserve_port(low), ports.reserve_port(high):
+        with pytest.raises(ConfigError) as info:
+            ports.reserve_port(port_range=spec, what="worker:1's TF port")
+        said = str(info.value)
+        assert said.startswith(f"port_range '{spec}' has no free port left for worker:1's TF port on host ")
+        assert "its 2 ports are taken" in said and "spark.tfonspark.portRange" in said
+        assert "TFONSPARK_PORT_RANGE" in said and "docs/ports.md" in said
+        with socket.socket() as sock, pytest.raises(ConfigError, match=r"no free port left for the feed server"):
+            ports.bind_within(sock, "127.0.0.1", "the feed server", spec)
+
+
+def test_a_fixed_port_is_that_port_whatever_the_range():
+    spec = free_range(3)
+    low, high = _bounds(spec)
+    with ports.reserve_port(high, port_range=f"{low}-{low}") as sock:
+        assert sock.getsockname()[1] == high
+
+
+def test_bind_within_takes_the_first_port_of_the_range_no_socket_holds():
+    spec = free_range(3)
+    low, _ = _bounds(spec)
+    with ports.reserve_port(low), socket.socket() as sock:  # a node's reservation holds the first port
+        assert ports.bind_within(sock, "127.0.0.1", "the feed server", spec) == low + 1
+        sock.listen(1)
+        assert sock.getsockname()[1] == low + 1
+        with socket.socket() as other:
+            assert ports.bind_within(other, "127.0.0.1", "another server", spec) == low + 2
+
+
+def test_without_a_range_a_listener_takes_any_free_port():
+    with socket.socket() as sock:
+        port = ports.bind_within(sock, "127.0.0.1", "the feed server", "")
+        assert port > 0 and sock.getsockname()[1] == port
+    assert ports.range_ports("") == [0]
+    assert ports.range_ports("7000") == [7000] and ports.range_ports("7000-7002") == [7000, 7001, 7002]
+
+
+def test_a_process_confines_its_listeners_once_and_a_given_range_wins():
+    spec, other = free_range(2), free_range(2)
+    assert ports.confined() == ""
+    try:
+        ports.confine(spec)
+        assert ports.confined() == spec
+        with socket.socket() as sock:
+            assert ports.bind_within(sock, "127.0.0.1", "the feed server") == _bounds(spec)[0]
+        with socket.socket() as sock:
+            assert ports.bind_within(sock, "127.0.0.1", "the feed server", other) == _bounds(other)[0]
+        port = ports.free_port_within("127.0.0.1", "TensorBoard")
+        assert port == _bounds(spec)[0]  # free again: the probe is closed
+    finally:
+        ports.confine("")
+    with pytest.raises(ConfigError, match=r"^port_range must be .*Received: '9-1'"):
+        ports.confine("9-1")
+
+
+def test_a_port_a_server_of_ours_left_in_time_wait_is_skipped():
+    """A restarted node's new feed server cannot bind a port whose connections linger: the next one."""
+    spec = free_range(2)
+    low, _ = _bounds(spec)
+    server = listening(low)
+    peer = socket.create_connection(("127.0.0.1", low))
+    accepted = server.accept()[0]
+    accepted.close()  # the server's side closes first: its end stays in TIME-WAIT
+    server.close()
+    peer.close()
+    with socket.socket() as sock:
+        assert ports.bind_within(sock, "127.0.0.1", "the feed server", spec) == low + 1

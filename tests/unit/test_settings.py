@@ -34,6 +34,7 @@ VALUES = {
     "feed_buffer_bytes": (2 << 20, "3145728", 3 << 20),
     "tensorboard_port": (6006, "6007", 6007),
     "bind_host": ("0.0.0.0", "::", "::"),
+    "port_range": (40000, "40000-40100", "40000-40100"),
     "heartbeat_timeout": (30, "12.5", 12.5),
     "collective": ("ring", "NCCL", "nccl"),
     "legacy_keras": ("on", "OFF", "off"),
@@ -256,6 +257,11 @@ def test_an_error_names_the_key_what_is_valid_and_where_it_came_from():
         ("heartbeat_timeout", False),
         ("collective", "carrier-pigeon"),
         ("server_host", 42),
+        ("port_range", "40100-40000"),
+        ("port_range", "0-100"),
+        ("port_range", "40000-70000"),
+        ("port_range", "forty"),
+        ("port_range", 2.5),
     ],
 )
 def test_bad_values_are_config_errors(name, bad):
@@ -443,6 +449,19 @@ def test_run_refuses_a_bad_setting_before_any_work_starts(monkeypatch):
     monkeypatch.setattr(planning, "RendezvousServer", None)  # never reached
     sc = FakeSparkContext({"spark.tfonspark.feedBufferBytes": "lots"})
     with pytest.raises(ConfigError, match=r"spark\.tfonspark\.feedBufferBytes .*\(from the Spark conf\)"):
+        tfonspark.run(sc, print, None, 1)
+
+
+def test_run_refuses_a_malformed_port_range_naming_the_setting_and_the_value(monkeypatch):
+    monkeypatch.setattr(planning, "RendezvousServer", None)  # never reached
+    with pytest.raises(
+        ConfigError, match=r"^port_range must be a port range .*Received: '40100-40000' \(from the keyword"
+    ):
+        tfonspark.run(FakeSparkContext({}), print, None, 1, port_range="40100-40000")
+    sc = FakeSparkContext({"spark.tfonspark.portRange": "40000:40100"})
+    with pytest.raises(
+        ConfigError, match=r"^spark\.tfonspark\.portRange must be .*Received: '40000:40100' \(from the Spark conf"
+    ):
         tfonspark.run(sc, print, None, 1)
 
 

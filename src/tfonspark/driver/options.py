@@ -54,6 +54,7 @@ class SettingKeywords(TypedDict, total=False):
     feed_buffer_bytes: int | None
     tensorboard_port: int | None
     bind_host: str | None
+    port_range: int | str | None
     heartbeat_timeout: float | None
     collective: str | None
     legacy_keras: bool | str | None

@@ -27,7 +27,7 @@ from ..executor.gpus import requested_gpus
 from ..executor.restart_in_place import SERVER_RESTARTS
 from ..fs import default_fs
 from ..host import local_ip_towards
-from ..ports import PortHandover, hand_over_port, reserve_port
+from ..ports import PORT_RANGE_KEYS, PortHandover, hand_over_port, range_ports, reserve_port
 from ..settings import Resolved, Settings, heartbeat_interval, resolve
 from ..wire.framing import new_secret
 from .cluster import Reserved, Running
@@ -40,7 +40,7 @@ from .nodes.node_events import NodeEvents
 from .nodes.rendezvous import RendezvousServer
 from .nodes.reports import Report, ReportLog
 from .nodes.restarts import Attempts, check_max_restarts
-from .nodes.roles import CHIEF_ROLES, NodeRole, plan_roles
+from .nodes.roles import CHIEF_ROLES, DATA_ROLES, NodeRole, plan_roles
 from .options import ClusterOptions
 from .programs import PROGRAMS, ProgramKind, for_run
 
@@ -65,13 +65,14 @@ def task_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def reserve_task(host: str, task: str, *, hand_over: bool = False) -> Reserved:
+def reserve_task(host: str, task: str, *, hand_over: bool = False, port_range: str = "") -> Reserved:
     """Reserve the port of the driver's task ``task`` at ``host`` (``plan.host``).
 
     ``hand_over``: to the next TF server this process starts (the coordinator's, which TF's
     ``ParameterServerStrategy`` makes), else to the server that shares it itself (the dispatcher).
+    ``port_range``: the setting; the first port of it free here (ConfigError where none is).
     """
-    sock = reserve_port()
+    sock = reserve_port(port_range=port_range, what=f"the driver's {task} task")
     handover = hand_over_port(sock) if hand_over else PortHandover(sock)
     return Reserved(task, handover, task_address(host, handover.port))
 
@@ -116,7 +117,7 @@ def prepare(
     if mode is InputMode.SPARK:
         check_fed_cluster_conf(sc)
     resolved = resolve(chosen, sc.getConf())
-    return Plan(
+    plan = Plan(
         sc,
         host,
         roles,
@@ -132,6 +133,8 @@ def prepare(
         launcher=launcher,
         on_report=on_report,
     )
+    plan.check_port_range()  # a range too small for one host fails here, before anything starts
+    return plan
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,8 @@ class Plan:
         --------
         >>> cluster = prepare(sc, main_fun, args, 2, ClusterOptions(), Settings()).start(Cluster)  # doctest: +SKIP
         """
-        held = reserve_task(self.host, hold, hand_over=hand_over) if hold else None
+        self.check_port_range(hold)
+        held = reserve_task(self.host, hold, hand_over=hand_over, port_range=self.resolved.port_range) if hold else None
         try:
             return self._launch(handle, data_target, on_end, held)
         except BaseException:
@@ -248,7 +252,7 @@ class Plan:
             self.roles,
             secret,
             self.host,
-            self.resolved.server_port,
+            self.resolved.server_port or self.resolved.port_range,  # an explicit server_port wins
             bind_host=self.resolved.server_host or None,
             heartbeat_secs=self.heartbeat_secs,
             heartbeat_timeout=self.resolved.heartbeat_timeout,
@@ -283,6 +287,46 @@ class Plan:
             data_service=data_target,
             **self.resolved.node_fields(),
         )
+
+    def ports_needed(self, hold: str | None = None) -> dict[str, list[str]]:
+        """What takes a port of ``port_range`` on the driver's host and on each node's: ``{"the
+        driver": [...], "worker:0": [...], ...}`` (``hold``: the driver's task, as for :meth:`start`).
+
+        The least each host needs: nodes that share a host (or the driver's) need the sum of theirs.
+        """
+        o, r = self.options, self.resolved
+        beside = o.data_service if o.data_service_on == "nodes" else 0
+        chief = next((role for role in self.roles if role.job_name in CHIEF_ROLES), None)
+        chief = chief or next((role for role in self.roles if role.job_name == "worker"), None)
+        driver = [] if r.server_port else ["the rendezvous server"]
+        driver += [f"the driver's {hold} task"] if hold else []
+        driver += ["the tf.data dispatcher"] if beside else []
+        needs: dict[str, list[str]] = {"the driver": driver}
+        for role in self.roles:
+            mine = ["its TF port"]
+            mine += ["its feed server"] if self.mode is InputMode.SPARK and role.job_name in DATA_ROLES else []
+            mine += ["TensorBoard"] if o.tensorboard and role is chief and not r.tensorboard_port else []
+            mine += ["its tf.data worker"] if role.executor_id < beside else []
+            if role.on_driver:
+                needs["the driver"] += [f"{role.name}'s {what.removeprefix('its ')}" for what in mine]
+            else:
+                needs[role.name] = mine
+        return needs
+
+    def check_port_range(self, hold: str | None = None) -> None:
+        """A ConfigError, before anything starts, where ``port_range`` is smaller than what one
+        host needs at least (:meth:`ports_needed`): naming the setting, the range and what needs the ports."""
+        spec = self.resolved.port_range
+        if not spec:
+            return
+        size = len(range_ports(spec))
+        where, needs = max(self.ports_needed(hold).items(), key=lambda item: len(item[1]))
+        if len(needs) > size:
+            raise ConfigError(
+                f"port_range {spec!r} holds {size} port{'s' * (size != 1)}, but {where} needs {len(needs)} on its "
+                f"host: {', '.join(needs)}. Every server of the cluster takes its own port of the range on its "
+                f"host (docs/ports.md); widen the range with {PORT_RANGE_KEYS}"
+            )
 
     @property
     def server_restarts(self) -> int:

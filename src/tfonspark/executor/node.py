@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..config import InputMode, NodeConfig
-from ..errors import ClusterError, ProtocolError
+from ..errors import ClusterError, ConfigError, ProtocolError
 from ..host import executor_pid
 from ..wire import events as ev
 from ..wire.bootstrap import STATUS_PREFIX, write_bootstrap
@@ -27,6 +27,7 @@ __all__ = ["node_task", "start_node"]
 
 _POLL_SECS = 5.0  # how often a quiet wait checks that the supervisor still runs
 _REAP_SECS = 10.0  # how long a supervisor told to stop may take to exit
+_CONFIG_ERROR = "ConfigError: "  # how the supervisor words a ConfigError it failed with (TaskFailed)
 
 
 class _StatusReader:
@@ -132,6 +133,11 @@ def start_node(
         if isinstance(last, ev.TaskUp) and wait_for_exit:
             for status in reader.events(None):
                 last = status
+        if isinstance(last, ev.TaskFailed) and last.reason.startswith(_CONFIG_ERROR):
+            # a setting that cannot work on this host (port_range with no port left, TENSORFLOW_PORT
+            # taken ...) stays a ConfigError, the setting named in its text, on the driver too
+            reason = last.reason.removeprefix(_CONFIG_ERROR)
+            raise ConfigError(f"executor {executor_id}: node could not start: {reason}")
         if isinstance(last, (ev.TaskRejected, ev.TaskFailed)):
             raise ClusterError(f"executor {executor_id}: node could not start: {last.reason}")
         if not isinstance(last, (ev.TaskUp, ev.TaskExit)):

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 
 from ..config import NodeConfig
 from ..errors import ConfigError
@@ -47,7 +48,7 @@ from .spare import Spares
 from .spawn import Spawner
 from .warm import WarmProcess
 
-__all__ = ["Life", "Supervisor", "main"]
+__all__ = ["TENSORFLOW_PORT", "Life", "Supervisor", "main", "node_port"]
 
 TAIL_LINES = 60
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
@@ -133,7 +134,7 @@ class Supervisor:
 
     def run(self) -> int:
         host = local_ip_towards(self.config.driver_host)
-        port_sock = reserve_port()
+        port_sock = node_port(self.config)
         try:
             conn = connect((self.config.driver_host, self.config.driver_port), self.config.secret)
         except BaseException:
@@ -366,6 +367,39 @@ class Supervisor:
         finally:
             with contextlib.suppress(OSError):
                 conn.settimeout(None)
+
+
+TENSORFLOW_PORT = "TENSORFLOW_PORT"
+"""TFoS's variable on the executor: the TF server's port of its node (read on the TFoS face only)."""
+
+
+def node_port(config: NodeConfig, environ: Mapping[str, str] | None = None) -> socket.socket:
+    """The node's TF port, reserved (:func:`tfonspark.ports.reserve_port`): the first free port
+    of the ``port_range`` setting, any free port where there is none.
+
+    On the TFoS face (``TFCluster.run``), the executor's ``TENSORFLOW_PORT``, as in TFoS, pins
+    it: that port exactly, or a ConfigError naming the variable where it is taken (two nodes on
+    one host cannot share it) or is not a port. ``environ`` defaults to ``os.environ``.
+    """
+    pinned = (os.environ if environ is None else environ).get(TENSORFLOW_PORT, "").strip()
+    if not config.tfos_face or not pinned:
+        return reserve_port(port_range=config.port_range, what="the node's TF port")
+    try:
+        port = int(pinned)
+        if not 1 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"{TENSORFLOW_PORT} must be a port 1-65535 (TFoS: the TF server's port of this executor's node). "
+            f"Received: {pinned!r} (from the executor's environment)"
+        ) from None
+    try:
+        return reserve_port(port)
+    except OSError as exc:
+        raise ConfigError(
+            f"{TENSORFLOW_PORT}={port} (the executor's environment) is taken on host {socket.gethostname()}: {exc}. "
+            f"Each node on a host needs its own TF port: unset it and set port_range to a range instead"
+        ) from None
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

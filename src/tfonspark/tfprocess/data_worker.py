@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..ports import PortHandover, pending_handovers, release_handovers, reserve_port
+from ..ports import PortHandover, confined, pending_handovers, release_handovers, reserve_port
 from ..probes import servers_accepting
 from .server import ServerNode
 
@@ -163,7 +163,7 @@ def serve_beside(ctx: Any, wait_secs: float) -> Any:
 
     dispatcher = str(ctx.data_service).split("://", 1)[-1]
     host = split_address(ctx.cluster_spec[ctx.job_name][ctx.task_index])[0]
-    handover = PortHandover(reserve_port())
+    handover = PortHandover(reserve_port(port_range=confined(), what="the tf.data worker beside map_fun"))
     address = f"[{host}]:{handover.port}" if ":" in host else f"{host}:{handover.port}"
     try:
         ctx.report({ADDRESS: address})

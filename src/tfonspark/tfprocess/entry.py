@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from ..config import InputMode, NodeConfig
 from ..host import bind_address, remove_scratch
+from ..ports import confine
 from ..tfimport import prepare_tensorflow_import
 from ..wire import events as ev
 from ..wire import messages as m
@@ -130,7 +131,11 @@ def _start_tensorboard(config: NodeConfig, ctx: NodeContext, host: str, bind_hos
     from .tensorboard import start_tensorboard
 
     return start_tensorboard(
-        config.log_dir or ctx.absolute_path("tensorboard"), host, config.tensorboard_port, bind_host=bind_host
+        config.log_dir or ctx.absolute_path("tensorboard"),
+        host,
+        config.tensorboard_port,
+        bind_host=bind_host,
+        port_range=config.port_range,
     )
 
 
@@ -138,6 +143,7 @@ def run(header: dict[str, Any], payload: bytes, status: IO[str]) -> int:
     from pyspark import cloudpickle
 
     config = NodeConfig.from_json(header["config"])
+    confine(config.port_range)  # every listener of this process: the feed server, a tf.data worker ...
     host = header["host"]  # advertised to peers; servers bind ``bind_host``
     bind_host = bind_address(config.bind_host, host)
     tmp_socket = socket.socket(fileno=header["port_fd"])

@@ -168,7 +168,9 @@ class FeedServer:
         # frame memory is reused once consumed; the pool holds the queue's bytes + frames in flight
         self._buffers = RecvBuffers(buffer_bytes + 8 * 1024 * 1024)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((host, 0))
+        from ..ports import bind_within  # the first free port of this TF process's port_range, else any
+
+        bind_within(sock, host, "the feed server")
         sock.listen(256)
         name = sock.getsockname()
         self.address: tuple[str, int] = (str(name[0]), int(name[1]))

@@ -5,6 +5,11 @@ URL ``cluster.tensorboard_url()`` gives opens in a browser on the cluster's netw
 has no authentication: anyone who reaches that address reads the log directory (summaries,
 graphs, images of training data). So it binds that one address, never a wildcard unless
 ``bind_host`` says so, and the chief logs a WARNING saying so whenever other hosts can reach it.
+
+Its port is the ``tensorboard_port`` setting, else the first free port of ``port_range``, else
+any free one. Under a ``port_range`` TensorBoard reads its logs itself (``--load_fast=false``):
+its fast loader is a second server, ``tensorboard_data_server``, on a port of its own choosing
+(``[::1]``, any port), which no option confines.
 """
 
 from __future__ import annotations
@@ -18,22 +23,14 @@ import sys
 import time
 
 from ..host import is_wildcard
+from ..ports import free_port_within
 
 __all__ = ["start_tensorboard"]
 
 log = logging.getLogger(__name__)
 
 
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _free_port(bind_host: str) -> int:
-    """A port free on ``bind_host`` (the address TensorBoard will bind, never a wildcard probe
-    unless TensorBoard itself binds a wildcard)."""
-    with socket.socket(_family(bind_host), socket.SOCK_STREAM) as s:
-        s.bind((bind_host.strip("[]") or "0.0.0.0", 0))
-        return int(s.getsockname()[1])
+_TRIES = 3  # TensorBoard started again on another free port where another process took its port first
 
 
 def _probe_host(bind_host: str) -> str:
@@ -70,17 +67,34 @@ def _say_who_reaches(log_dir: str, url: str, bind: str) -> None:
     )
 
 
-def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 60.0, bind_host: str = "") -> str:
+def start_tensorboard(
+    log_dir: str, host: str, port: int = 0, timeout: float = 60.0, bind_host: str = "", port_range: str = ""
+) -> str:
     """Start TensorBoard over ``log_dir``; return its URL (on the advertised ``host``).
 
-    TensorBoard binds ``bind_host``, or ``host`` when that is empty, at ``port``, or a free port
-    when that is 0; it serves without authentication, which is logged (module docstring). The caller passes the ``tensorboard_port`` setting (``NodeConfig``, which the
-    supervisor has completed from the node's ``TENSORBOARD_PORT``); nothing is read here.
+    TensorBoard binds ``bind_host``, or ``host`` when that is empty, at ``port``, or when that is
+    0 at the first port of ``port_range`` free on ``bind_host`` (any free port where the range is
+    ``""``; ConfigError where none is left), started again at the next one where another process
+    took the port first. It serves without authentication, which is logged (module docstring).
+    The caller passes the ``tensorboard_port`` and ``port_range`` settings (``NodeConfig``, which
+    the supervisor has completed from the node's ``TENSORBOARD_PORT``); nothing is read here.
     """
     bind = bind_host or host
-    port = port or _free_port(bind)
     if "://" not in log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    for _ in range(_TRIES if not port else 1):
+        chosen = port or free_port_within(bind, "TensorBoard", port_range)
+        url, proc = _start(log_dir, host, bind, chosen, timeout, port_range)
+        if proc.poll() is None or port:
+            return url
+        log.info("TensorBoard could not serve at port %d (taken meanwhile?): trying another", chosen)
+    return url
+
+
+def _start(
+    log_dir: str, host: str, bind: str, port: int, timeout: float, port_range: str
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """TensorBoard at ``bind``:``port``, once it listens (or exited, or ``timeout`` passed)."""
     cmd = [
         sys.executable,
         "-m",
@@ -91,6 +105,7 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
         str(port),
         "--host",
         bind.strip("[]") or "0.0.0.0",
+        *(["--load_fast=false"] if port_range else []),  # no data server on a port of its own
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
@@ -101,7 +116,7 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
         try:
             with socket.create_connection((probe, port), timeout=1):
                 _say_who_reaches(log_dir, url, bind)
-                return url
+                return url, proc
         except OSError:
             time.sleep(0.2)
     log.warning(
@@ -111,4 +126,4 @@ def start_tensorboard(log_dir: str, host: str, port: int = 0, timeout: float = 6
         timeout,
         proc.poll(),
     )
-    return url
+    return url, proc

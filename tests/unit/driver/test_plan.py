@@ -14,8 +14,11 @@ from tfonspark.driver.cluster import Cluster
 from tfonspark.driver.options import ClusterOptions
 from tfonspark.driver.plan import _node_keras, prepare, task_address
 from tfonspark.errors import ConfigError
+from tfonspark.ports import reserve_port
 from tfonspark.settings import Settings
 from tfonspark.testing import FakeSparkContext, LocalLauncher
+
+from .._port_range import free_range
 
 
 def record_spec(args: dict, ctx) -> None:
@@ -97,3 +100,63 @@ def test_a_fed_cluster_under_dynamic_allocation_is_refused_before_anything_start
     assert master in str(raised.value) and "executorIdleTimeout" in str(raised.value)
     sc_off = FakeSparkContext({"spark.master": master, "spark.dynamicAllocation.enabled": "false"})
     prepare(sc_off, record_spec, {}, 2, options, Settings(), launcher=LocalLauncher())
+
+
+# ---- the port range (issue 45, item 4) -------------------------------------------------------------
+
+
+def wait_to_be_stopped(_args, _ctx) -> None:
+    import time
+
+    time.sleep(120)
+
+
+def test_a_port_range_too_small_for_one_host_is_refused_before_anything_starts():
+    """A fed chief with TensorBoard needs 3 ports on its host: its TF port, its feed server, TensorBoard."""
+    options = ClusterOptions(input_mode=InputMode.SPARK, tensorboard=True)
+    spec = free_range(2)
+    with pytest.raises(ConfigError) as info:
+        prepare(FakeSparkContext(), record_spec, {}, 2, options, Settings(port_range=spec), launcher=LocalLauncher())
+    said = str(info.value)
+    assert said.startswith(f"port_range '{spec}' holds 2 ports, but worker:0 needs 3 on its host: ")
+    assert "its TF port, its feed server, TensorBoard" in said and "spark.tfonspark.portRange" in said
+    plan = prepare(FakeSparkContext(), record_spec, {}, 2, options, Settings(port_range=free_range(3)))
+    assert plan.ports_needed()["worker:1"] == ["its TF port", "its feed server"]
+    assert plan.ports_needed("chief")["the driver"] == ["the rendezvous server", "the driver's chief task"]
+    one = Settings(port_range=spec.split("-")[0], server_port=spec.split("-")[1])  # the rendezvous has its own
+    with pytest.raises(
+        ConfigError, match=r"holds 1 port, but the driver needs 2 on its host: the driver's chief task, ps:0's TF port"
+    ):
+        prepare(FakeSparkContext(), record_spec, {}, 2, ClusterOptions(num_ps=1, driver_ps_nodes=True), one).start(
+            Cluster, hold="chief"
+        )
+
+
+def test_every_listener_of_a_cluster_on_one_host_takes_its_own_port_of_the_range():
+    """Rendezvous, two nodes' TF ports and feed servers, all on this host: five ports of the range, no two alike."""
+    spec = free_range(8)
+    low, high = (int(p) for p in spec.split("-"))
+    options = ClusterOptions(input_mode=InputMode.SPARK, reservation_timeout=60)
+    cluster = prepare(
+        FakeSparkContext(), wait_to_be_stopped, None, 2, options, Settings(port_range=spec), launcher=LocalLauncher()
+    ).start(Cluster)
+    try:
+        ports = [cluster.server.address[1]]
+        for info in cluster.cluster_info:
+            ports.append(int(info["address"].rsplit(":", 1)[1]))
+            ports.append(int(info["data_address"][1]))
+    finally:
+        cluster.stop(grace_secs=0)
+    assert len(set(ports)) == 5 and all(low <= port <= high for port in ports), (spec, ports)
+
+
+def test_a_range_whose_ports_are_all_taken_fails_the_start_naming_port_range_and_the_server():
+    """Large enough on paper (the driver needs 1, a node 1), but another process holds both ports here."""
+    spec = free_range(2)
+    low, high = (int(p) for p in spec.split("-"))
+    plan = prepare(FakeSparkContext(), record_spec, {}, 1, ClusterOptions(), Settings(port_range=spec))
+    with reserve_port(low), reserve_port(high), pytest.raises(ConfigError) as info:
+        plan.start(Cluster)
+    said = str(info.value)
+    assert said.startswith(f"the rendezvous server cannot listen on 127.0.0.1 at port(s) '{spec}'"), said
+    assert "port_range (spark.tfonspark.portRange" in said

@@ -23,6 +23,7 @@ import pytest
 
 from tests.waiting import wait_until
 from tfonspark.config import InputMode, NodeConfig
+from tfonspark.errors import ConfigError
 from tfonspark.executor import supervisor as supervisor_module
 from tfonspark.executor.relay import Relay
 from tfonspark.executor.supervisor import Supervisor
@@ -33,6 +34,8 @@ from tfonspark.wire import events as ev
 from tfonspark.wire import framing as f
 from tfonspark.wire import messages as m
 from tfonspark.wire.bootstrap import STATUS_PREFIX, write_bootstrap
+
+from .._port_range import free_range
 
 SECRET_HEX = "5a" * 32
 
@@ -751,3 +754,42 @@ def test_a_serving_worker_killed_by_a_signal_restarts_until_the_limit():
 
 def _may_restart(sup: Supervisor, code: int) -> bool:
     return sup.in_place.may_restart(code, sup.job_name, sup.life.stop_asked)
+
+
+# ---- the node's TF port: port_range, and TENSORFLOW_PORT on the TFoS face (issue 45, item 4) --------
+
+
+def test_the_nodes_tf_port_is_the_first_free_port_of_the_port_range():
+    spec = free_range(3)
+    low = int(spec.split("-")[0])
+    other = supervisor_module.reserve_port(low)  # another node of this host has the first one
+    with other, supervisor_module.node_port(_config(port_range=spec), environ={}) as sock:
+        assert sock.getsockname()[1] == low + 1
+
+
+def test_tensorflow_port_pins_the_tf_port_on_the_tfos_face_only():
+    spec, pinned = free_range(2), free_range(1).split("-")[0]
+    environ = {"TENSORFLOW_PORT": pinned}
+    with supervisor_module.node_port(_config(port_range=spec, tfos_face=True), environ) as sock:
+        assert sock.getsockname()[1] == int(pinned)  # TFoS's meaning: the TF server's port of the node
+        with pytest.raises(ConfigError, match=rf"^TENSORFLOW_PORT={pinned} .* is taken on host .*port_range"):
+            supervisor_module.node_port(_config(tfos_face=True), environ)  # a second node on this host
+    with supervisor_module.node_port(_config(port_range=spec), environ) as sock:
+        assert sock.getsockname()[1] == int(spec.split("-")[0])  # tfonspark.run: not read
+    with pytest.raises(ConfigError, match=r"^TENSORFLOW_PORT must be a port 1-65535 .*Received: 'x'"):
+        supervisor_module.node_port(_config(tfos_face=True), {"TENSORFLOW_PORT": "x"})
+
+
+def test_a_node_whose_host_has_no_port_of_the_range_left_fails_with_a_config_error(driver):
+    """The range held large enough for one node, but another holds its ports here: the node task
+    (and so the driver, through Spark) gets a ConfigError naming port_range and the TF port."""
+    from tfonspark.executor.node import start_node
+
+    fake = driver(heartbeat_secs=0.2)
+    spec = free_range(1).split("-")[0]
+    with supervisor_module.reserve_port(int(spec)), pytest.raises(ConfigError) as info:
+        start_node(_config(driver_port=fake.port, port_range=spec), 0, b"", [], wait_for_exit=False)
+    said = str(info.value)
+    assert said.startswith(
+        f"executor 0: node could not start: port_range '{spec}' has no free port left for the node's TF port"
+    )

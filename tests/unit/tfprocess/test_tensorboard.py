@@ -13,12 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import urllib.request
 
 import pytest
 
 from tests.waiting import wait_until
 from tfonspark.tfprocess import tensorboard
+
+from .._port_range import free_range, listening
 
 pytest.importorskip("tensorboard")
 
@@ -162,3 +165,22 @@ def test_tensorboard_ipv6_url_is_bracketed(fake_tensorboard, tmp_path):
     assert url == "http://[fd00::5]:6125"
     assert _arg(_FakeTensorBoard.last, "--host") == "::"
     assert fake_tensorboard == [("::1", 6125)]
+
+
+@pytest.mark.timeout(120)
+def test_under_a_port_range_tensorboard_and_all_it_starts_listen_inside_it(tmp_path, children):
+    """Issue 45, item 4: TensorBoard takes the first free port of the range (another server holds
+    the first one), and starts no data server of its own on a port outside it."""
+    import psutil
+
+    spec = free_range(3)
+    low, high = (int(p) for p in spec.split("-"))
+    with listening(low):
+        url = tensorboard.start_tensorboard(str(tmp_path), "127.0.0.1", timeout=60, port_range=spec)
+        assert url == f"http://127.0.0.1:{low + 1}"
+        with urllib.request.urlopen(f"{url}/data/logdir", timeout=10) as response:
+            assert response.status == 200
+        time.sleep(1)  # a data server would have started by now, with TensorBoard's first request
+        mine = psutil.Process().children(recursive=True)
+        held = {c.laddr.port for p in mine for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert held and all(low <= port <= high for port in held), (spec, held)

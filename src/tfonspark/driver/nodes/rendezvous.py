@@ -125,8 +125,9 @@ def bind_server_socket(host: str, port_spec: str | None = None, backlog: int = 4
         return listen_reusable(host, _port_candidates(port_spec), backlog)
     except OSError as last:
         raise ConfigError(
-            f"cannot listen on {host} at port(s) {port_spec!r}: {last}; "
-            f"choose another port range or address with {_SERVER_SETTINGS}"
+            f"the rendezvous server cannot listen on {host} at port(s) {port_spec!r}: {last}; "
+            f"choose another port range or address with {_SERVER_SETTINGS}, or with port_range "
+            "(spark.tfonspark.portRange, TFONSPARK_PORT_RANGE) where server_port is not set"
         ) from None
 
 

@@ -61,7 +61,7 @@ def start_beside(plan: Plan) -> Cluster:
         _reserve(plan.sc, plan.num_executors, count, timeout)
     service: _Beside
     if on_nodes:
-        service = DispatcherForNodes(plan.host, count, timeout)
+        service = DispatcherForNodes(plan.host, count, timeout, plan.resolved.port_range)
     else:
         service = ServiceForCluster(plan.sc, count, plan.settings, timeout, plan.launcher)
     try:

@@ -93,9 +93,9 @@ class DispatcherForNodes:
     addresses (:meth:`follow`); it stops with the cluster's nodes (:meth:`end`).
     """
 
-    def __init__(self, host: str, count: int, timeout: float) -> None:
+    def __init__(self, host: str, count: int, timeout: float, port_range: str = "") -> None:
         self.count, self.timeout = count, timeout
-        self.reserved = reserve_task(host, "dispatcher")
+        self.reserved = reserve_task(host, "dispatcher", port_range=port_range)  # port_range: the setting
         self.target = f"grpc://{self.reserved.address}"
         self.started: list[Dispatcher] = []
 
