@@ -114,6 +114,24 @@ def test_keras_fit_under_mwms_trains_a_conv2d_model_across_hosts_on_uneven_input
     assert url and url.split("//", 1)[1].rsplit(":", 1)[0] in {h.address for h in hosts.workers}, url
 
 
+def test_ps_cluster_and_the_data_service_serve_a_driver_on_its_own_host(hosts, tmp_path):
+    """The coordinator (ps_cluster's chief) and the tf.data dispatcher run in the driver program,
+    on the driver host; the ps, workers and data workers on the worker hosts. Every address is
+    the hosts' own, training converges and every element is read once."""
+    master = f"spark://{hosts.master.address}:7077"
+    done = hosts.run(hosts.driver, [sys.executable, str(DRIVER), "services", master, str(tmp_path), "3"], timeout=420)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads((tmp_path / "driver.json").read_text())
+    spec, workers = out["ps_spec"], {h.address for h in hosts.workers}
+    print(f"ps_cluster {spec}: loss {out['losses'][0]:.3f} -> {out['losses'][-1]:.4f}; data service {out}"[:600])
+    assert [a.rsplit(":", 1)[0] for a in spec["chief"]] == [hosts.driver.address]
+    assert {a.rsplit(":", 1)[0] for role in ("ps", "worker") for a in spec[role]} <= workers
+    assert out["steps"] == 50 and out["losses"][-1] < out["losses"][0] / 4
+    assert out["dispatcher"].removeprefix("grpc://").rsplit(":", 1)[0] == hosts.driver.address
+    assert len(out["data_workers"]) == 2 and {a.rsplit(":", 1)[0] for a in out["data_workers"]} <= workers
+    assert out["elements"] == list(range(2000))
+
+
 NODE_PROCESSES = ("tfonspark.executor.supervisor", "tfonspark.tfprocess.entry")
 
 
