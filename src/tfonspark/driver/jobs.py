@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import threading
 import time
 import uuid
@@ -11,7 +13,26 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["BackgroundJob", "barrier_supported", "check_fed_cluster_conf", "task_slots", "wait_for_slots"]
+__all__ = [
+    "NODE_MEMORY_MIB",
+    "SPARE_MEMORY_MIB",
+    "BackgroundJob",
+    "barrier_supported",
+    "check_fed_cluster_conf",
+    "memory_overhead_warning",
+    "task_slots",
+    "wait_for_slots",
+]
+
+log = logging.getLogger(__name__)
+
+#: what one TF node holds outside the JVM, measured (issue 45: TF 2.21 CPU, Keras 3.15): its TF
+#: process ~756 MiB RSS after training a small Conv2D model, its supervisor ~22 MiB; rounded up
+NODE_MEMORY_MIB = 800
+#: a spare TF process (``spare_processes``, for restarts) holds TensorFlow imported: ~700 MiB more
+SPARE_MEMORY_MIB = 700
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_MIB_PER_UNIT = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
 class BackgroundJob:
@@ -92,6 +113,51 @@ def check_fed_cluster_conf(sc: Any) -> None:
             "InputMode.TENSORFLOW, whose node tasks keep their executors busy). Received: master="
             f"{master!r}, spark.dynamicAllocation.enabled={conf.get('spark.dynamicAllocation.enabled')!r}"
         )
+
+
+def _mib(text: object) -> float | None:
+    """A Spark memory size (``"2g"``, ``"512m"``, ``"1024"`` = MiB) in MiB; None if unreadable."""
+    found = _SIZE.match(str(text))
+    return float(found.group(1)) * _MIB_PER_UNIT[found.group(2).lower()] if found else None
+
+
+def memory_overhead_warning(conf: Any, master: str, spare: bool) -> str:
+    """Why an executor's container may be too small for its TF node, or ``""``.
+
+    On YARN and Kubernetes a container holds the executor's JVM heap (``spark.executor.memory``)
+    plus ``spark.executor.memoryOverhead`` (default: ``memoryOverheadFactor`` (0.10) of the heap,
+    at least 384 MiB) and ``spark.executor.pyspark.memory`` where set; everything else the
+    executor runs, a TF node included, must fit in the overhead, or the container is killed
+    (YARN's "running beyond physical memory limits", Kubernetes' OOMKilled) with no word of why.
+    A node needs :data:`NODE_MEMORY_MIB`, with a spare :data:`SPARE_MEMORY_MIB` more. Standalone
+    and local masters impose no such limit: no warning there.
+    """
+    if not (master.startswith("yarn") or master.startswith("k8s://")):
+        return ""
+    heap = _mib(conf.get("spark.executor.memory", "1g")) or 1024.0
+    given = conf.get("spark.executor.memoryOverhead", None)
+    if given is not None:
+        overhead = _mib(given)
+        if overhead is None:
+            return ""  # Spark itself refuses a size it cannot read, naming it
+    else:
+        try:
+            factor = float(conf.get("spark.executor.memoryOverheadFactor", "0.1"))
+        except ValueError:
+            factor = 0.1
+        overhead = max(384.0, factor * heap)
+    pyspark = _mib(conf.get("spark.executor.pyspark.memory", "0")) or 0.0
+    need = NODE_MEMORY_MIB + (SPARE_MEMORY_MIB if spare else 0)
+    if overhead + pyspark >= need:
+        return ""
+    spare_text = f" and a spare TF process (spare_processes) {SPARE_MEMORY_MIB} MiB" if spare else ""
+    return (
+        f"each executor's container leaves {overhead + pyspark:.0f} MiB outside the JVM heap "
+        f"(spark.executor.memoryOverhead={given if given is not None else f'{overhead:.0f}m (the default)'}"
+        f"{f', spark.executor.pyspark.memory={pyspark:.0f}m' if pyspark else ''}), but a TF node needs about "
+        f"{NODE_MEMORY_MIB} MiB there{spare_text}: {master} may kill the container. Set --conf "
+        f"spark.executor.memoryOverhead={-(-need // 1024)}g (or more for larger models)"
+    )
 
 
 def task_slots(sc: Any) -> int:

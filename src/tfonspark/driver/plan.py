@@ -33,7 +33,7 @@ from ..wire.framing import new_secret
 from .cluster import Reserved, Running
 from .feeds.feeding import Feeds
 from .feeds.streaming import Streams
-from .jobs import barrier_supported, check_fed_cluster_conf, wait_for_slots
+from .jobs import barrier_supported, check_fed_cluster_conf, memory_overhead_warning, wait_for_slots
 from .nodes.gang import SPARK_SETTINGS, Gang, LiveNodes
 from .nodes.launcher import Launcher, SparkLauncher
 from .nodes.node_events import NodeEvents
@@ -117,6 +117,10 @@ def prepare(
     if mode is InputMode.SPARK:
         check_fed_cluster_conf(sc)
     resolved = resolve(chosen, sc.getConf())
+    master = str(getattr(sc, "master", "") or sc.getConf().get("spark.master", ""))
+    too_small = memory_overhead_warning(sc.getConf(), master, bool(resolved.spare_processes))
+    if too_small:
+        _log.warning("tfonspark: %s", too_small)
     plan = Plan(
         sc,
         host,

@@ -102,6 +102,19 @@ def test_a_fed_cluster_under_dynamic_allocation_is_refused_before_anything_start
     prepare(sc_off, record_spec, {}, 2, options, Settings(), launcher=LocalLauncher())
 
 
+@pytest.mark.parametrize(("overhead", "warned"), [(None, True), ("2g", False)])
+def test_a_container_too_small_for_a_node_is_warned_of_at_prepare_on_yarn(overhead, warned, caplog):
+    """Issue 45, item 7: on YARN a TF node lives in the executor's memoryOverhead (384 MiB by
+    default, ~800 MiB needed), so prepare() warns with the figure and the setting to raise."""
+    conf = {"spark.master": "yarn", **({"spark.executor.memoryOverhead": overhead} if overhead else {})}
+    with caplog.at_level(logging.WARNING, logger="tfonspark.driver.plan"):
+        prepare(FakeSparkContext(conf), record_spec, {}, 2, ClusterOptions(), Settings(), launcher=LocalLauncher())
+    said = [r.getMessage() for r in caplog.records if "memoryOverhead" in r.getMessage()]
+    assert bool(said) is warned, said
+    if warned:
+        assert "384m (the default)" in said[0] and "800 MiB" in said[0]
+
+
 # ---- the port range (issue 45, item 4) -------------------------------------------------------------
 
 
