@@ -56,7 +56,9 @@ from .errors import ConfigError
 
 __all__ = [
     "COLLECTIVES",
+    "BYTES_PER_PACK_ENV",
     "COLLECTIVE_ENV",
+    "COLLECTIVE_TIMEOUT_ENV",
     "CONFIG_SETTINGS",
     "DEFAULT_COLLECTIVE",
     "DEFAULT_FEED_BUFFER_BYTES",
@@ -107,6 +109,9 @@ COLLECTIVES = ("auto", "ring", "nccl")
 """Collective implementations of ``MultiWorkerMirroredStrategy`` (``CommunicationImplementation``)."""
 DEFAULT_COLLECTIVE = "auto"
 COLLECTIVE_ENV = "TFONSPARK_COLLECTIVE"
+#: the rest of TF's CommunicationOptions, read by tfonspark.distribute.strategy() on the node
+COLLECTIVE_TIMEOUT_ENV = "TFONSPARK_COLLECTIVE_TIMEOUT"
+BYTES_PER_PACK_ENV = "TFONSPARK_COLLECTIVE_BYTES_PER_PACK"
 """The variable :func:`tfonspark.distribute.strategy` reads in the TF process."""
 LEGACY_KERAS_MODES = ("auto", "on", "off")
 """``legacy_keras``: ``auto`` = Keras 2 (tf_keras) for the TFoS face where installed, ``on``, ``off``."""
@@ -159,6 +164,17 @@ def _port_range_spec(raw: object) -> str:
 
 def _feed_bytes(raw: object) -> int:
     return parsers.integer(raw, minimum=MIN_FEED_BUFFER_BYTES)
+
+
+def _collective_timeout(raw: object) -> float:
+    """``collective_timeout``: 0 (no timeout) or a timeout in seconds, as :func:`_timeout`."""
+    if str(raw).strip() in ("0", "0.0"):
+        return 0.0
+    return _timeout(raw)
+
+
+def _bytes_per_pack(raw: object) -> int:
+    return parsers.integer(raw, minimum=0)
 
 
 def _timeout(raw: object) -> float:
@@ -289,6 +305,31 @@ SETTINGS: tuple[Setting, ...] = (
         on_node=True,
     ),
     Setting(
+        "collective_timeout",
+        "spark.tfonspark.collectiveTimeout",
+        (COLLECTIVE_TIMEOUT_ENV,),
+        0.0,
+        _collective_timeout,
+        "0 (no timeout) or a number of seconds > 0 and <= 604800 (a week)",
+        "seconds a collective of `tfonspark.distribute.strategy()` waits for its peers (TF's "
+        "`CommunicationOptions.timeout_seconds`): then `DeadlineExceededError`, whose hint names the peers, "
+        "instead of a hang on a lost host; also read on the node",
+        default_text="0 (no timeout)",
+        on_node=True,
+    ),
+    Setting(
+        "collective_bytes_per_pack",
+        "spark.tfonspark.collectiveBytesPerPack",
+        (BYTES_PER_PACK_ENV,),
+        0,
+        _bytes_per_pack,
+        "a whole number of bytes >= 0",
+        "gradients are all-reduced in packs of about this many bytes (TF's "
+        "`CommunicationOptions.bytes_per_pack`; 0: TF's choice); also read on the node",
+        default_text="0 (TF's choice)",
+        on_node=True,
+    ),
+    Setting(
         "legacy_keras",
         "spark.tfonspark.legacyKeras",
         ("TFONSPARK_LEGACY_KERAS",),
@@ -363,6 +404,8 @@ class Settings:
     port_range: int | str | None = None
     heartbeat_timeout: float | None = None
     collective: str | None = None
+    collective_timeout: float | None = None
+    collective_bytes_per_pack: int | None = None
     legacy_keras: bool | str | None = None
     epoch_end_timeout: float | None = None
     stream_stop_timeout: float | None = None
@@ -434,6 +477,8 @@ class NodeSettings:
     port_range: str = _default("port_range")  # "": any free port; "low-high": every listener of the node in it
     heartbeat_timeout: float = _default("heartbeat_timeout")
     collective: str = _default("collective")  # the TF process's TFONSPARK_COLLECTIVE
+    collective_timeout: float = _default("collective_timeout")  # its TFONSPARK_COLLECTIVE_TIMEOUT (0: none)
+    collective_bytes_per_pack: int = _default("collective_bytes_per_pack")  # ... _BYTES_PER_PACK (0: TF's)
     epoch_end_timeout: float = _default("epoch_end_timeout")
     stream_stop_timeout: float = _default("stream_stop_timeout")
     spare_processes: bool = _default("spare_processes")

@@ -37,6 +37,8 @@ VALUES = {
     "port_range": (40000, "40000-40100", "40000-40100"),
     "heartbeat_timeout": (30, "12.5", 12.5),
     "collective": ("ring", "NCCL", "nccl"),
+    "collective_timeout": (30, "12.5", 12.5),
+    "collective_bytes_per_pack": (4096, "1048576", 1 << 20),
     "legacy_keras": ("on", "OFF", "off"),
     "epoch_end_timeout": (30, "45", 45.0),
     "stream_stop_timeout": (20, "7.5", 7.5),

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from .. import settings
 from ..errors import ConfigError
-from ..settings import COLLECTIVE_ENV
+from ..settings import BYTES_PER_PACK_ENV, COLLECTIVE_ENV, COLLECTIVE_TIMEOUT_ENV
 from .tf_config import TF_CONFIG_ENV, TaskInfo, task_info
 
 __all__ = [
@@ -48,12 +48,6 @@ _IMPLEMENTATIONS = {
 
 _lock = threading.Lock()
 _cached: tuple[tf.distribute.Strategy, tuple[str, str, int, float | None]] | None = None
-
-#: the environment's ``bytes_per_pack`` and ``timeout_seconds`` of :func:`strategy`, where its
-#: caller passes none (a node's supervisor sets them from ``collective_bytes_per_pack`` and
-#: ``collective_timeout`` where those settings are given)
-BYTES_PER_PACK_ENV = "TFONSPARK_COLLECTIVE_BYTES_PER_PACK"
-COLLECTIVE_TIMEOUT_ENV = "TFONSPARK_COLLECTIVE_TIMEOUT"
 
 
 def strategy(
@@ -117,7 +111,7 @@ def _bytes_per_pack(given: int | None) -> int:
 def _timeout_seconds(given: float | None) -> float | None:
     """``timeout_seconds`` as given, else ``$TFONSPARK_COLLECTIVE_TIMEOUT``, else None (no timeout)."""
     raw: object = given if given is not None else os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
-    if raw == "":
+    if given is None and str(raw).strip() in ("", "0", "0.0"):  # the setting's 0: no timeout
         return None
     where = "timeout_seconds" if given is not None else COLLECTIVE_TIMEOUT_ENV
     try:

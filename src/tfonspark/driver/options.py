@@ -57,6 +57,8 @@ class SettingKeywords(TypedDict, total=False):
     port_range: int | str | None
     heartbeat_timeout: float | None
     collective: str | None
+    collective_timeout: float | None
+    collective_bytes_per_pack: int | None
     legacy_keras: bool | str | None
     epoch_end_timeout: float | None
     stream_stop_timeout: float | None

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from ..config import NodeConfig
 from ..distribute.tf_config import TF_CONFIG_ENV, build_tf_config
 from ..host import make_scratch, remove_scratch
-from ..settings import COLLECTIVE_ENV
+from ..settings import BYTES_PER_PACK_ENV, COLLECTIVE_ENV, COLLECTIVE_TIMEOUT_ENV
 from ..wire import messages as m
 from ..wire.bootstrap import write_bootstrap
 from . import tfos_env
@@ -66,6 +66,10 @@ class Spawner:
         env["TMPDIR"] = env["TMP"] = env["TEMP"] = scratch
         env[TF_CONFIG_ENV] = build_tf_config(ready.cluster_spec, ready.job_name, ready.task_index)
         env[COLLECTIVE_ENV] = self.config.collective  # read by tfonspark.distribute.strategy()
+        if self.config.collective_timeout:  # 0: TF's default, no timeout
+            env[COLLECTIVE_TIMEOUT_ENV] = f"{self.config.collective_timeout:g}"
+        if self.config.collective_bytes_per_pack:
+            env[BYTES_PER_PACK_ENV] = str(self.config.collective_bytes_per_pack)
         env["PYTHONUNBUFFERED"] = "1"
         env[ATTEMPT_ENV] = str(self.config.attempt)  # ctx.attempt, for code that has no ctx
         env.update(self.keras_env)  # Keras 2 / TFoS import shims, where asked for
