@@ -226,7 +226,7 @@ def test_with_the_driver_host_cut_off_every_node_process_ends_by_itself(hosts, t
     assert ended, f"node processes left: {[(h.name, _node_processes(hosts, h)) for h in on]}"
 
 
-RETRY_ROWS = 150_000
+RETRY_ROWS = 100_000
 
 
 @pytest.mark.parametrize("cut_s", [20, 4], ids=["spark-retries-elsewhere", "link-back-after-4s"])
