@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -21,6 +22,11 @@ from . import settings
 from .errors import ConfigError
 
 __all__ = ["InputMode", "NodeConfig"]
+
+
+def _this_version() -> str:
+    """This tfonspark's ``__version__`` (its package, loaded before any of its modules is)."""
+    return str(getattr(sys.modules.get(__name__.rpartition(".")[0]), "__version__", ""))
 
 
 class InputMode(IntEnum):
@@ -62,6 +68,8 @@ class NodeConfig(settings.NodeSettings):
     # settings read on the node too that the driver took as the default (the node's own variable may
     # replace those only); None: not known (a config made by hand), compare with the default
     defaulted: tuple[str, ...] | None = None
+    # the driver's tfonspark: a node task refuses another one on its executor (executor/preflight.py)
+    version: str = field(default_factory=_this_version)
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):

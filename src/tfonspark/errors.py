@@ -4,6 +4,7 @@
 
     TFoSError
     ├── ConfigError (ValueError)            bad argument or setting, found before any work starts
+    │   └── ExecutorEnvironmentError         the executors' Python lacks tfonspark, or has another version
     ├── InputError (ValueError)             bad data: ragged rows, wrong dtypes, missing columns
     ├── ClusterError                        the TensorFlow cluster as a whole went wrong
     │   ├── ReservationTimeout (TimeoutError)   too few nodes registered in time
@@ -30,6 +31,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "DataFormatError",
+    "ExecutorEnvironmentError",
     "FeedError",
     "FeedTimeout",
     "InputError",
@@ -62,6 +64,26 @@ def restore(cls: type[TFoSError], message: str, attrs: dict[str, Any]) -> TFoSEr
 
 class ConfigError(TFoSError, ValueError):
     """An argument or setting is invalid; the message says what was received and what is valid."""
+
+
+class ExecutorEnvironmentError(ConfigError):
+    """The Python the executors run cannot start a node: no tfonspark there, or another version.
+
+    Found by the node task's first step, before any of tfonspark is imported on the executor
+    (``executor/preflight.py``), and raised on the driver at once, without Spark's task retries.
+    ``python`` is the executor's interpreter (its ``sys.executable``), ``host`` its host,
+    ``driver_version`` the driver's tfonspark and ``executor_version`` the executor's (``""``:
+    none importable). The message also says how Spark chose that Python and how to ship one.
+    """
+
+    def __init__(
+        self, message: str, *, python: str = "", host: str = "", driver_version: str = "", executor_version: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.python = python
+        self.host = host
+        self.driver_version = driver_version
+        self.executor_version = executor_version
 
 
 class InputError(TFoSError, ValueError):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ...config import NodeConfig
-from ...errors import NodeFailed, ReservationTimeout
+from ...errors import ExecutorEnvironmentError, NodeFailed, ReservationTimeout
 from ...executor.feeder import FeedTarget
 from ...wire.errors import reraise, summary
 from ...wire.events import NodeEvent, ServerRestarted
@@ -252,6 +252,8 @@ class Gang:
         error = self._launch_error()
         if error is not None and not predicate(self.server.nodes.values()):
             self.teardown(grace_secs=0)
+            if isinstance(error, ExecutorEnvironmentError):  # found on the driver: says it all already
+                raise error
             reraise(error)
             raise NodeFailed(f"starting the TensorFlow nodes failed before {what}: {summary(error)}") from error
         if not ok:

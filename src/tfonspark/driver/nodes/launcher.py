@@ -14,8 +14,10 @@ from typing import Any, Protocol
 
 from ...config import InputMode, NodeConfig
 from ...executor.node import node_task, start_node
+from ...executor.preflight import guarded
 from ...wire.errors import captured
 from ..jobs import BackgroundJob
+from . import environment
 
 __all__ = ["LaunchHandle", "Launcher", "LocalLauncher", "SparkLauncher"]
 
@@ -40,7 +42,12 @@ class Launcher(Protocol):
 
 
 class SparkLauncher:
-    """One Spark task per node, as a barrier stage where the cluster manager allows it."""
+    """One Spark task per node, as a barrier stage where the cluster manager allows it.
+
+    Each task first checks that its executor's Python has the driver's tfonspark; where not, the
+    job ends at once with :class:`~tfonspark.errors.ExecutorEnvironmentError`
+    (``driver/nodes/environment.py``) instead of Spark's retries of a failing unpickle.
+    """
 
     def __init__(self, sc: Any, barrier: bool) -> None:
         self.sc = sc
@@ -52,10 +59,18 @@ class SparkLauncher:
         rdd = self.sc.parallelize(executor_ids, len(executor_ids))
         if self.barrier:
             rdd = rdd.barrier()
-        task = captured(node_task(config, payload))
-        return BackgroundJob(
-            self.sc, f"tfonspark nodes {config.cluster_id[:8]}", lambda: rdd.mapPartitions(task).collect(), on_done
-        )
+        from pyspark import cloudpickle
+
+        # the executor checks its tfonspark before it unpickles the task (executor/preflight.py)
+        pickled: bytes = cloudpickle.dumps(captured(node_task(config, payload)))  # type: ignore[no-untyped-call]
+        task = guarded(pickled, config.version)
+
+        def start() -> list[Any]:
+            results: list[Any] = rdd.mapPartitions(task).collect()
+            environment.check(results, self.sc, config.version)  # an unfit executor Python, at once
+            return results
+
+        return BackgroundJob(self.sc, f"tfonspark nodes {config.cluster_id[:8]}", start, on_done)
 
 
 class LocalLauncher:
