@@ -1,6 +1,6 @@
 """MNIST with InputMode.SPARK: the driver turns the idx files into a DataFrame and feeds it.
 
-    python examples/mnist/mnist_spark.py --data ../shared/data/mnist --epochs 5
+    python examples/mnist/mnist_spark.py --data /path/to/mnist --epochs 5
 
 The driver loads the idx files and builds a DataFrame ``image array<float>`` (784 values in
 [0, 1]) + ``label bigint``; ``cluster.train(df, num_epochs=E)`` streams it E times to the

@@ -1,6 +1,6 @@
 """MNIST with InputMode.TENSORFLOW: every node reads the idx files itself and keeps its shard.
 
-    python examples/mnist/mnist_tf.py --data ../shared/data/mnist --epochs 5
+    python examples/mnist/mnist_tf.py --data /path/to/mnist --epochs 5
 
 Spark only places the TensorFlow nodes (one per executor); no data goes through Spark. Each node
 loads the four idx files from ``--data`` (a path every executor can read), keeps the rows
@@ -15,9 +15,16 @@ the accuracy on the whole test set.
 
 Every node exports the model (the chief keeps it) to ``<output-dir>/export``, a SavedModel for
 ``mnist_inference.py``; the chief writes ``<output-dir>/metrics.json`` (history, accuracy,
-timings), which the driver prints. ``--master`` defaults to an embedded
-``local-cluster[2,1,1024]``; ``spark://127.0.0.1:7077`` runs on a standalone cluster on this
-host, and under ``spark-submit`` the submitted master is used. The chief reports each epoch's
+timings), which the driver prints. Under ``spark-submit`` the submitted master and settings
+are used, as on any cluster::
+
+    spark-submit --master spark://master-host:7077 --archives env.tar.gz#env \
+      --conf spark.pyspark.python=./env/bin/python examples/mnist/mnist_tf.py --data /path/to/mnist
+
+(``env.tar.gz``: the driver's virtualenv, packed with ``venv-pack``; README, "Running on a
+cluster"). Run with ``python`` instead, ``--master`` defaults to an embedded
+``local-cluster[2,1,1024]``; ``local[N]`` and ``spark://127.0.0.1:PORT`` run on this host, and
+another host's master gets a plain SparkContext (nothing pinned to this host). The chief reports each epoch's
 metrics to the driver with ``ctx.report``, which prints them; the nodes' own output goes to the
 executors' stderr logs.
 """

@@ -5,7 +5,7 @@ from .driver import FakeDriver
 from .fakes import FakeAccumulator, FakeRDD, FakeSparkContext, LocalLauncher, fake_nvidia_smi
 from .hosts import Hosts
 from .ports import free_ports
-from .spark import SparkManager, StandaloneCluster, spark_conf, spark_home
+from .spark import SparkManager, StandaloneCluster, embedded, spark_conf, spark_home
 
 __all__ = [
     "FakeAccumulator",
@@ -16,6 +16,7 @@ __all__ = [
     "LocalLauncher",
     "SparkManager",
     "StandaloneCluster",
+    "embedded",
     "fake_nvidia_smi",
     "free_ports",
     "spark_conf",

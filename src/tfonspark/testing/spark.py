@@ -23,7 +23,7 @@ from typing import IO, Any, Protocol
 from ..errors import ClusterError
 from .ports import free_ports
 
-__all__ = ["SparkManager", "StandaloneCluster", "spark_conf", "spark_home"]
+__all__ = ["SparkManager", "StandaloneCluster", "embedded", "spark_conf", "spark_home"]
 
 _FAST_CONF = {
     "spark.ui.enabled": "false",
@@ -45,6 +45,22 @@ def spark_home() -> str:
     return os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
 
 
+def embedded(master: str) -> bool:
+    """Whether ``master``'s executors run on this machine, where :func:`spark_conf`'s pinning holds.
+
+    ``local``, ``local[N]``, ``local-cluster[...]``, :class:`SparkManager`'s ``standalone:N`` and a
+    standalone master on loopback (``spark://127.0.0.1:7077``, ``spark://localhost:7077``) are;
+    any other (``spark://other-host:7077``, ``yarn``, ``k8s://...``) is another machine's cluster,
+    whose executors cannot reach a driver pinned to 127.0.0.1 nor run this machine's Python.
+    """
+    if master == "local" or master.startswith(("local[", "local-cluster[", "standalone:")):
+        return True
+    if master.startswith("spark://"):
+        hosts = [h.rsplit(":", 1)[0] for h in master.removeprefix("spark://").split(",")]
+        return all(h == "localhost" or h.startswith("127.") for h in hosts)
+    return False
+
+
 def _python_path() -> str:
     src = str(Path(__file__).resolve().parents[2])
     parts = [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -52,7 +68,13 @@ def _python_path() -> str:
 
 
 def spark_conf(master: str, app_name: str = "tfonspark", **extra: str) -> Any:
-    """A SparkConf tuned for small, fast, offline runs on one machine."""
+    """A SparkConf tuned for small, fast, offline runs on one machine.
+
+    It pins the driver to 127.0.0.1 and the executors to this process's Python and checkout
+    (``extra`` may say otherwise): right for an :func:`embedded` master, and for hosts that share
+    this machine's filesystem (:mod:`tfonspark.testing.hosts`); another machine's cluster takes
+    its settings from ``spark-submit`` instead (:func:`tfonspark.demo.spark_context`).
+    """
     from pyspark import SparkConf
 
     os.environ.setdefault("SPARK_HOME", spark_home())
