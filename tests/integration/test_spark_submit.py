@@ -106,6 +106,11 @@ def test_mnist_spark_runs_under_spark_submit_on_the_hosts(hosts, mnist, tmp_path
     assert "(2 nodes, 2 epochs x 93 steps, 12000 rows fed" in output, output[-2000:]  # 6000 rows twice
 
 
+@pytest.mark.skipif(
+    os.environ.get("TFONSPARK_ALL_SUBMITS") != "1",
+    reason="the same submit path as mnist_spark.py (demo/spark.py spark_context); ~100 s more, so make test "
+    "leaves it out: TFONSPARK_ALL_SUBMITS=1 runs it (measured: accuracy 0.9611 in 92 s)",
+)
 def test_mnist_tf_runs_under_spark_submit_on_the_hosts(hosts, mnist, tmp_path):
     out = tmp_path / "out"
     output, seconds = _submit(hosts, "mnist_tf.py", ["--data", str(mnist), *SMALL, "--output-dir", str(out)])
