@@ -14,6 +14,7 @@ from tfonspark.errors import (
     ClusterError,
     ConfigError,
     DataFormatError,
+    ExecutorEnvironmentError,
     FeedError,
     FeedTimeout,
     InputError,
@@ -41,6 +42,9 @@ EXAMPLES = [
     DataFormatError("corrupt record", path="/data/x.tfrecord", offset=1024),
     DataFormatError("corrupt"),
     CheckpointTimeout("no checkpoint within timeout=60s"),
+    ExecutorEnvironmentError(
+        "no tfonspark in the executors' Python", python="/usr/bin/python3", host="h1", driver_version="0.9.0"
+    ),
 ]
 
 

@@ -51,7 +51,7 @@ def children():
     import psutil
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
+    yield before  # what ran already: another test file's JVMs in this worker, which are not TensorBoard's
     for proc in psutil.Process().children(recursive=True):
         if proc.pid not in before:
             proc.kill()
@@ -181,6 +181,6 @@ def test_under_a_port_range_tensorboard_and_all_it_starts_listen_inside_it(tmp_p
         with urllib.request.urlopen(f"{url}/data/logdir", timeout=10) as response:
             assert response.status == 200
         time.sleep(1)  # a data server would have started by now, with TensorBoard's first request
-        mine = psutil.Process().children(recursive=True)
+        mine = [p for p in psutil.Process().children(recursive=True) if p.pid not in children]
         held = {c.laddr.port for p in mine for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         assert held and all(low <= port <= high for port in held), (spec, held)

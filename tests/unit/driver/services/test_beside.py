@@ -156,7 +156,7 @@ def dispatch(monkeypatch):
 
     handover = FakeHandover()
     reserved = SimpleNamespace(task="dispatcher", handover=handover, address="driver:7", release=handover.release)
-    monkeypatch.setattr(data_service, "reserve_task", lambda host, task: reserved)
+    monkeypatch.setattr(data_service, "reserve_task", lambda host, task, port_range="": reserved)
     monkeypatch.setattr(data_service, "Dispatcher", lambda reserved, workers: made.append(Svc(workers)) or made[-1])
     return SimpleNamespace(made=made, handover=handover)
 
@@ -175,7 +175,10 @@ def _start(cluster, count=2, timeout=5.0):
         return cluster
 
     options = ClusterOptions(data_service=count, data_service_on="nodes", reservation_timeout=timeout)
-    plan = SimpleNamespace(sc=None, host="driver", options=options, settings=Settings(), launcher=None, num_executors=2)
+    resolved = SimpleNamespace(port_range="")  # Plan.resolved: the settings as they apply
+    plan = SimpleNamespace(
+        sc=None, host="driver", options=options, settings=Settings(), resolved=resolved, launcher=None, num_executors=2
+    )
     plan.start = lambda handle, target, on_end: begin(target, on_end)  # Plan.start, its handle a Cluster
     return beside.start_beside(plan), targets
 
