@@ -60,8 +60,9 @@ connections are in TIME-WAIT). Whether a server listens yet is :mod:`tfonspark.p
 of its TF processes takes its port from it, on its own host: :func:`reserve_port` and
 :func:`bind_within` try each port of the range in turn, from its low end, until one binds, so
 two servers on one host (two nodes on one executor host, a node beside the driver) never
-collide, whatever order they start in; :func:`free_port_within` finds one for a server that
-binds it itself (TensorBoard). A range with no port left is a
+collide, whatever order they start in, and they skip a port this process holds for a TF
+server (:func:`held_for_servers`: the coordinator's, reserved before the rendezvous server
+binds); :func:`free_port_within` finds one for a server that binds it itself (TensorBoard). A range with no port left is a
 :class:`~tfonspark.errors.ConfigError` naming the setting, the range, the host and what needed
 the port (:func:`range_exhausted`). A TF process confines itself once, from its ``NodeConfig``
 (:func:`confine`): its listeners that are not given a range take this one (:func:`confined`).
@@ -97,6 +98,7 @@ __all__ = [
     "foreign_listeners",
     "free_port_within",
     "hand_over_port",
+    "held_for_servers",
     "listen_reusable",
     "pending_handovers",
     "range_exhausted",
@@ -166,7 +168,10 @@ def bind_within(sock: socket.socket, host: str, what: str, port_range: str | Non
     """
     spec = confined() if port_range is None else port_range
     last: OSError | None = None
+    held = held_for_servers()
     for port in range_ports(spec):
+        if port in held:  # reserved in this process for a TF server: the hook would hand it over
+            continue
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -385,7 +390,11 @@ def listen_reusable(host: str, ports: Iterable[int], backlog: int) -> socket.soc
     where no port of ``ports`` can be had.
     """
     last: OSError = OSError(errno.EINVAL, "no port to listen on")
+    held = held_for_servers()
     for port in ports:
+        if port and port in held:  # this process holds it for a TF server (the coordinator's)
+            last = OSError(errno.EADDRINUSE, f"port {port} is reserved in this process for a TF server")
+            continue
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             if os.name == "posix":  # on Windows the option means what SO_REUSEPORT means on Linux
@@ -476,6 +485,18 @@ def pending_handovers() -> list[PortHandover]:
     """The reservations this process still holds for a server."""
     with _state.lock:
         return list(_state.pending)
+
+
+def held_for_servers() -> set[int]:
+    """The ports this process reserved for a server of its own (:func:`hand_over_port`).
+
+    tfonspark's own listeners skip them when they look for a free port of a range
+    (:func:`bind_within`, :func:`listen_reusable`): a Python ``bind()`` of such a port while it
+    is pending gets it (the hand-over's hook), and the driver's rendezvous server, which binds
+    after the coordinator's port is reserved, took that port from ``ParameterServerStrategy``'s
+    server, which then failed with "Could not start gRPC server".
+    """
+    return {h.port for h in pending_handovers()}
 
 
 def release_handovers() -> None:

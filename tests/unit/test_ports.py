@@ -666,3 +666,26 @@ def test_a_port_a_server_of_ours_left_in_time_wait_is_skipped():
     peer.close()
     with socket.socket() as sock:
         assert ports.bind_within(sock, "127.0.0.1", "the feed server", spec) == low + 1
+
+
+def test_a_port_held_for_a_tf_server_is_never_taken_by_our_own_listeners():
+    """The driver reserves the coordinator's port (a hand-over to ParameterServerStrategy's server),
+    then its rendezvous server and others look for a port of the same range. Before, the bind
+    hook gave them the held port (the rendezvous server sets SO_REUSEADDR, which co-binds), and
+    TF's server failed with "Could not start gRPC server" (CI, test_port_range.py)."""
+    spec = free_range(3)
+    low, _ = _bounds(spec)
+    handover = ports.hand_over_port(ports.reserve_port(port_range=spec, what="the driver's chief task"))
+    try:
+        assert handover.port == low and ports.held_for_servers() == {low}
+        with ports.listen_reusable("127.0.0.1", ports.range_ports(spec), 8) as rendezvous:
+            assert rendezvous.getsockname()[1] == low + 1
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            assert ports.bind_within(sock, "127.0.0.1", "the feed server", spec) == low + 1
+        assert handover in ports.pending_handovers()  # still held for the TF server
+        with pytest.raises(OSError, match=f"port {low} is reserved in this process for a TF server"):
+            ports.listen_reusable("127.0.0.1", [low], 8)
+    finally:
+        handover.release()
+    assert ports.held_for_servers() == set()
