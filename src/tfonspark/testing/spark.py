@@ -165,6 +165,9 @@ class StandaloneCluster:
             str(self.ui_port),
             on=master,
         )
+        # a worker that finds no master yet retries only after 5-15 s (Spark's registration
+        # back-off): the workers start once the master answers, which halves the start on 2 cores
+        self._wait_for_workers(timeout, count=0)
         for i, place in enumerate(workers):
             self._spawn(
                 f"worker{i}",
@@ -198,20 +201,22 @@ class StandaloneCluster:
             raise OSError(done.stderr.strip()[-200:])
         return int(done.stdout.strip())
 
-    def _wait_for_workers(self, timeout: float) -> None:
+    def _wait_for_workers(self, timeout: float, count: int | None = None) -> None:
+        """Wait until ``count`` (default: all) workers registered with the master; 0: until it answers."""
+        wanted = self.workers if count is None else count
         deadline = time.monotonic() + timeout
         alive = 0
         while time.monotonic() < deadline:
             try:
                 alive = self._alive_workers()
-                if alive >= self.workers:
+                if alive >= wanted:
                     return
             except (OSError, ValueError, subprocess.TimeoutExpired):  # not up yet, or its JSON page not yet
                 pass
             time.sleep(0.5)
         self.stop()
         raise ClusterError(
-            f"standalone cluster: {alive} of {self.workers} workers registered with {self.url} "
+            f"standalone cluster: {alive} of {wanted} workers registered with {self.url} "
             f"within {timeout:.0f}s; see the logs in {self._dir}"
         )
 
