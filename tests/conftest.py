@@ -105,17 +105,53 @@ _SPARK_FIXTURES = {"spark_manager"}
 
 def pytest_collection_modifyitems(items):
     """Group tests by the Spark master they need, so each kind of cluster starts once. Under
-    xdist (``make test``), whose workers take whole files in this order, the unit tests' many
-    short files come last: they fill the end, while the last long integration file runs."""
+    xdist (``make test``), whose workers take whole files in this order, the multi-host tests
+    come first (one worker runs them all, on one shared cluster: :func:`pytest_xdist_make_scheduler`),
+    the one that kills a host's Spark worker last of them, and the unit tests' many short
+    files last: they fill the end, while the last long integration file runs."""
 
     def kind(item):
         names = getattr(item, "fixturenames", ())
         return max((_KIND_ORDER.get(n, 0) for n in names), default=0)
 
-    items.sort(key=lambda item: (_XDIST_WORKER is not None and _is_unit(item), kind(item)))
+    def hosts(item):  # 0: a multi-host test, 1: one that breaks a host (after the others), 2: the rest
+        return 1 if item.get_closest_marker("breaks_host") else 0 if item.get_closest_marker("hosts") else 2
+
+    items.sort(key=lambda item: (_XDIST_WORKER is not None and _is_unit(item), hosts(item), kind(item)))
     for item in items:
         if _SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, except that every file of multi-host tests is one unit of work.
+
+    Those files share one multi-host cluster (``tests/integration/hosts_fixture.py``, a session
+    fixture of the xdist worker): one worker runs them all, one after the other, and starts the
+    cluster once (about 26 s on 2 idle cores), and two of them never run side by side (each
+    holds 4-6 JVMs and TF processes on the 2 cores, where a 10 s heartbeat timeout is tested).
+    """
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    together = _host_files(Path(config.rootpath))
+
+    class HostFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "multi-host tests" if scope in together else scope
+
+    return HostFilesTogether(config, log)
+
+
+def _host_files(root: Path) -> set[str]:
+    """The test files (as node ids write them) of multi-host tests: those marked ``hosts``."""
+    return {
+        str(path.relative_to(root))
+        for path in (root / "tests").rglob("test_*.py")
+        if "pytest.mark.hosts" in path.read_text(encoding="utf-8")
+    }
 
 
 def _is_unit(item) -> bool:

@@ -17,6 +17,8 @@ import pytest
 from tests import waiting
 from tfonspark.testing import free_ports
 
+from .hosts_fixture import hosts  # noqa: F401  (the multi-host tests' shared cluster)
+
 NODE_MARKERS = (
     "tfonspark.tfprocess.entry",
     "tfonspark.executor.supervisor",

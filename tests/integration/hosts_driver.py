@@ -18,11 +18,6 @@ model under MWMS on 2 nodes of 2 hosts, with uneven input and TensorBoard on the
 writes its host, losses, rows per epoch and ``TF_CONFIG`` to ``OUT_DIR/node-<task>.json``, the
 driver the TensorBoard URL.
 
-``python hosts_driver.py services MASTER_URL OUT_DIR EXECUTORS``: ``ps_cluster`` with its
-coordinator (the chief) on the driver host trains 50 steps, then a tf.data service whose
-dispatcher runs here serves a dataset from workers on two other hosts; the driver writes the
-cluster spec, losses, the service's addresses and the elements read.
-
 ``python hosts_driver.py retry MASTER_URL OUT_DIR EXECUTORS ROWS``: Spark declares an executor
 lost after 6 s without heartbeats; 2 nodes read a DataFrame feed slowly, each writing
 ``up-<task>`` (its host) and ``from-<host>`` once it read a row made on another host. The test
@@ -300,33 +295,12 @@ def mwms_fit(master: str, out_dir: Path, executors: int) -> dict:
     return outcome
 
 
-def ps_and_data_service(master: str, out_dir: Path, executors: int) -> dict:
-    """``ps_cluster`` (2 workers, 1 ps on the worker hosts) with this driver's host as its chief,
-    the coordinator; then a tf.data service, its dispatcher here and 2 workers on other hosts."""
-    import tensorflow as tf
-    from ps_driver import train  # the ps test's own loop: y = 3*x1 + 2*x2 + 1, 50 steps
-
-    sc, _ = _context(master, executors)
-    out: dict = {}
-    with tfonspark.ps_cluster(sc, 2, 1, reservation_timeout=120) as ps:
-        out["ps_spec"] = ps.cluster_spec
-        train(ps, out)
-    with tfonspark.data_service(sc, 2, reservation_timeout=120) as svc:
-        out["dispatcher"], out["data_workers"] = svc.target, list(svc.worker_addresses)
-        ds = svc.distribute(tf.data.Dataset.range(2000), "distributed_epoch", job_name="hosts")
-        out["elements"] = sorted(int(x) for x in ds.as_numpy_iterator())
-    sc.stop()
-    return out
-
-
 def main() -> int:
     mode, master, out_dir, executors = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     if mode == "feed":
         out = feed_and_answer(master, out_dir, executors, int(sys.argv[5]))
     elif mode == "mwms":
         out = mwms_fit(master, out_dir, executors)
-    elif mode == "services":
-        out = ps_and_data_service(master, out_dir, executors)
     elif mode == "retry":
         out = feed_through_a_cut(master, out_dir, executors, int(sys.argv[5]))
     else:

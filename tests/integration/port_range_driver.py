@@ -9,9 +9,10 @@ standalone master on its own host, with ``spark.tfonspark.portRange=RANGE`` in i
 2. ``main``: 2 nodes under ``MultiWorkerMirroredStrategy``, fed by Spark
    (``InputMode.SPARK``), TensorBoard on the chief; each node writes ``up-main-<index>`` once
    its strategy is made, then waits for ``go-main``;
-3. ``data``: ``tfonspark.data_service`` with 2 workers (the dispatcher in this process);
-4. ``ps``: ``ps_cluster`` with 1 worker and 1 ps, and the driver's ``ParameterServerStrategy``
-   (the coordinator's server in this process).
+3. ``data``: ``tfonspark.data_service`` with 2 workers (the dispatcher in this process), which
+   serves ``range(2000)`` once (``distributed_epoch``);
+4. ``ps``: ``ps_cluster`` with 2 workers and 1 ps, and the driver's ``ParameterServerStrategy``
+   (the coordinator's server in this process) training 50 steps (``ps_driver.train``).
 
 For each of ``main``, ``data`` and ``ps``, once it runs, the driver writes ``ready-<name>.json``
 (its own pid and the port of PySpark's accumulator server, which is Spark's, not tfonspark's)
@@ -92,7 +93,7 @@ def main() -> int:
         app_name="tfonspark-port-range",
         spark__driver__host=address,
         spark__driver__bindAddress=address,
-        spark__cores__max="2",
+        spark__cores__max="3",
         spark__executor__cores="1",
         spark__executor__memory="768m",
         spark__tfonspark__portRange=port_range,
@@ -101,7 +102,7 @@ def main() -> int:
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     deadline = time.monotonic() + 120
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < 2 and time.monotonic() < deadline:
+    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     out: dict = {"spark_up_s": time.monotonic() - started}
 
@@ -134,18 +135,21 @@ def main() -> int:
     finally:
         cluster.shutdown(timeout=120)
 
+    import tensorflow as tf
+    from ps_driver import train  # the ps test's own loop: y = 3*x1 + 2*x2 + 1, 50 steps
+
     at = time.monotonic()
     with tfonspark.data_service(sc, 2, reservation_timeout=120) as svc:
         out["data_up_s"] = time.monotonic() - at
+        out["dispatcher"], out["data_workers"] = svc.target, list(svc.worker_addresses)
+        ds = svc.distribute(tf.data.Dataset.range(2000), "distributed_epoch", job_name="hosts")
+        out["elements"] = sorted(int(x) for x in ds.as_numpy_iterator())
         _ready(out_dir, "data", sc, target=svc.target, workers=svc.worker_addresses)
 
-    import tensorflow as tf
-
     at = time.monotonic()
-    with tfonspark.ps_cluster(sc, num_workers=1, num_ps=1, reservation_timeout=120) as ps:
-        strategy = tf.distribute.ParameterServerStrategy(ps.cluster_resolver())
-        with strategy.scope():
-            tf.Variable(1.0)
+    with tfonspark.ps_cluster(sc, num_workers=2, num_ps=1, reservation_timeout=120) as ps:
+        out["ps_spec"] = ps.cluster_spec
+        train(ps, out)  # the coordinator's server in this process, then 50 steps on 2 workers
         out["ps_up_s"] = time.monotonic() - at
         _ready(out_dir, "ps", sc, cluster_info=ps.cluster_info)
     sc.stop()

@@ -1,10 +1,11 @@
 """Ports a firewall can allow: ``port_range`` confines every port tfonspark listens on (issue 45, item 4).
 
-On a multi-host cluster (``tfonspark.testing.hosts``: a driver host, a master host, two worker
-hosts), ``port_range_driver.py`` runs on the driver host with ``spark.tfonspark.portRange`` set
-and starts, one after the other, a fed MWMS cluster with TensorBoard on its chief, a tf.data
-service (dispatcher on the driver, two workers) and a parameter-server cluster (coordinator on
-the driver). While each runs, every TCP socket in LISTEN state in every host's namespace is
+On the multi-host cluster the multi-host tests share (``hosts_fixture.py``: a driver host, a
+master host, three worker hosts), ``port_range_driver.py`` runs on the driver host with
+``spark.tfonspark.portRange`` set and starts, one after the other, a fed MWMS cluster with
+TensorBoard on its chief, a tf.data service (dispatcher on the driver, two workers, which
+serves 2,000 elements once) and a parameter-server cluster (coordinator on the driver, two
+workers and a ps, which trains 50 steps): the services across hosts, checked here too. While each runs, every TCP socket in LISTEN state in every host's namespace is
 read from ``/proc/net/tcp`` and ``tcp6`` there and tied to its process through the socket
 inodes of ``/proc/<pid>/fd``; the sockets of tfonspark's processes (the driver program, the
 supervisors, TF processes and their children: TensorBoard, its data server) must all be inside
@@ -28,14 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from tfonspark.testing.hosts import Host, Hosts, unavailable
+from tfonspark.testing.hosts import Host, Hosts
 
 from .conftest import wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.spark]
 
 DRIVER = Path(__file__).with_name("port_range_driver.py")
-PREFIX, SUBNET = "tfosp", "10.234.0"  # the other host tests use other prefixes and subnets
 LOW, HIGH = 20000, 20063  # below Linux's ephemeral ports (32768-60999): no random port lands inside
 PORT_RANGE = f"{LOW}-{HIGH}"
 SMALL = "20100"  # one port: a fed node needs two (its TF port and its feed server)
@@ -131,20 +131,6 @@ def _scan(hosts: Hosts, spark_ports: set[int], driver_pid: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    why = unavailable()
-    if why:
-        pytest.skip(f"no multi-host cluster here: {why}")
-    made = Hosts(workers=2, prefix=PREFIX, subnet=SUBNET).up()
-    try:
-        made.spark(memory="1g")
-        yield made
-    finally:
-        made.down()
-    assert made.leftovers() == {"namespaces": [], "links": [], "etc": []}
-
-
-@pytest.fixture(scope="module")
 def outcome(hosts, tmp_path_factory):
     """Run the driver program once; while each of its clusters runs, read every listening socket."""
     out = tmp_path_factory.mktemp("port-range")
@@ -177,8 +163,8 @@ def outcome(hosts, tmp_path_factory):
     }
 
 
-def test_every_port_tfonspark_listens_on_is_inside_the_range(outcome):
-    outside = []
+def test_every_port_tfonspark_listens_on_is_inside_the_range(hosts, outcome):
+    outside, workers = [], {h.name for h in hosts.workers}
     for phase, rows in outcome["scans"].items():
         print(f"--- {phase}: listening sockets (ours, inside {PORT_RANGE}?) ---")
         for row in rows:
@@ -188,13 +174,32 @@ def test_every_port_tfonspark_listens_on_is_inside_the_range(outcome):
                 outside.append((phase, row["host"], row["address"], row["port"], row["process"]))
     print(f"driver: {outcome['driver']}, whole run {outcome['seconds']:.1f}s")
     assert not outside, f"tfonspark listens outside {PORT_RANGE}: {outside}"
+    spread = {"main": 2, "data": 2, "ps": 3}  # worker hosts with a process of ours: nodes, workers, ps
     for phase, rows in outcome["scans"].items():  # and it did listen: the scan saw the cluster
-        ours = [r for r in rows if r["ours"]]
-        assert {r["host"] for r in ours} == {f"{PREFIX}-driver", f"{PREFIX}-h1", f"{PREFIX}-h2"}, (phase, ours)
-    main = [r for r in outcome["scans"]["main"] if r["ours"] and r["host"] != f"{PREFIX}-driver"]
+        on = {r["host"] for r in rows if r["ours"]}
+        assert hosts.driver.name in on and len(on & workers) == spread[phase], (phase, on)
+    main = [r for r in outcome["scans"]["main"] if r["ours"] and r["host"] != hosts.driver.name]
     assert len(main) >= 5, main  # per node its TF port and feed server; TensorBoard on the chief
     assert any("tensorboard.main" in r["process"] for r in main), main
     assert outcome["driver"]["fed"] == 1000
+
+
+def test_the_coordinator_and_the_dispatcher_serve_from_the_driver_host(hosts, outcome):
+    """ps_cluster's chief (the coordinator) and the tf.data dispatcher run in the driver program,
+    on the driver host; the ps, workers and data workers on the worker hosts. Every address is
+    the hosts' own, training converges and every element is read once."""
+    out, addresses = outcome["driver"], {h.address for h in hosts.workers}
+    spec = out["ps_spec"]
+    print(
+        f"ps_cluster {spec}: loss {out['losses'][0]:.3f} -> {out['losses'][-1]:.4f}; data service "
+        f"{out['dispatcher']} with {out['data_workers']}"
+    )
+    assert [a.rsplit(":", 1)[0] for a in spec["chief"]] == [hosts.driver.address]
+    assert {a.rsplit(":", 1)[0] for role in ("ps", "worker") for a in spec[role]} <= addresses
+    assert len(out["losses"]) == 50 and out["losses"][-1] < out["losses"][0] / 4
+    assert out["dispatcher"].removeprefix("grpc://").rsplit(":", 1)[0] == hosts.driver.address
+    assert len(out["data_workers"]) == 2 and {a.rsplit(":", 1)[0] for a in out["data_workers"]} <= addresses
+    assert out["elements"] == list(range(2000))
 
 
 def test_a_range_too_small_fails_at_once_naming_port_range(outcome):

@@ -1,6 +1,7 @@
 """The MNIST examples submitted with ``spark-submit`` to a multi-host cluster (issue 45, item 6).
 
-A driver host, a standalone master host and two worker hosts (``tfonspark.testing.hosts``);
+On the multi-host cluster the multi-host tests share (``hosts_fixture.py``: a driver host, a
+standalone master host and three worker hosts, two of which get the job's executors),
 ``spark-submit --master spark://<master-host>:7077`` runs ``examples/mnist/mnist_spark.py`` and
 ``mnist_tf.py`` unchanged on the driver host. They must take the submitted master (no default of
 their own overrides it), advertise the driver host's own address (never 127.0.0.1) and reach
@@ -27,13 +28,14 @@ from pathlib import Path
 import pytest
 
 from tfonspark.testing import spark_home
-from tfonspark.testing.hosts import Hosts, unavailable
+from tfonspark.testing.hosts import Hosts
+
+from .hosts_fixture import on_request
 
 pytestmark = [pytest.mark.hosts, pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "mnist"
-PREFIX, SUBNET = "tfosc", "10.236.0"  # this file's own hosts: other files' clusters are left alone
 ACCURACY = re.compile(r"test accuracy: (0\.\d{4})")
 SMALL = ["--max-train-rows", "6000", "--epochs", "2", "--batch-size", "64"]
 
@@ -44,20 +46,6 @@ def mnist() -> Path:
     if not (found / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"no MNIST idx files in {found} (set TFONSPARK_DATA)")
     return found
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    why = unavailable()
-    if why:
-        pytest.skip(f"no multi-host cluster here: {why}")
-    made = Hosts(workers=2, prefix=PREFIX, subnet=SUBNET).up()
-    try:
-        made.spark(memory="1g")
-        yield made
-    finally:
-        made.down()
-    assert made.leftovers() == {"namespaces": [], "links": [], "etc": []}
 
 
 def _submit(hosts: Hosts, script: str, args: list[str]) -> tuple[str, float]:
@@ -106,10 +94,9 @@ def test_mnist_spark_runs_under_spark_submit_on_the_hosts(hosts, mnist, tmp_path
     assert "(2 nodes, 2 epochs x 93 steps, 12000 rows fed" in output, output[-2000:]  # 6000 rows twice
 
 
-@pytest.mark.skipif(
-    os.environ.get("TFONSPARK_ALL_SUBMITS") != "1",
-    reason="the same submit path as mnist_spark.py (demo/spark.py spark_context); ~100 s more, so make test "
-    "leaves it out: TFONSPARK_ALL_SUBMITS=1 runs it (measured: accuracy 0.9611 in 92 s)",
+@on_request(
+    "the same submit path as mnist_spark.py (demo/spark.py spark_context) for InputMode.TENSORFLOW; "
+    "~100 s (measured: accuracy 0.9611 in 92 s)"
 )
 def test_mnist_tf_runs_under_spark_submit_on_the_hosts(hosts, mnist, tmp_path):
     out = tmp_path / "out"
