@@ -4,8 +4,9 @@
 standalone master on its own host, at this host's own address; ``tfonspark.run`` with 2 TF nodes
 on ``EXECUTORS`` executors (one per worker host, so at least one host has no node), and
 ``train()`` from a DataFrame whose rows carry the hostname of the executor that made them (a
-Python UDF, in the feed task's own Python worker). Each node writes the ids it read, the rows
-made on another host than its own, and what it was told about the cluster, to
+Python UDF, in the feed task's own Python worker), then from an uncached ``rdd.map`` (the TFoS
+shape: ids ``ROWS`` to ``2 * ROWS - 1``, each made in its feed task). Each node writes the ids it
+read, those made on another host than its own, and what it was told about the cluster, to
 ``OUT_DIR/node-<task>.json``. Then a second cluster answers ``inference()`` on the same rows,
 one result per row; the driver writes both outcomes to ``OUT_DIR/driver.json``.
 
@@ -17,6 +18,11 @@ writes ``up-<job>-<index>`` with its host; the driver writes ``started``, then w
 model under MWMS on 2 nodes of 2 hosts, with uneven input and TensorBoard on the chief; each node
 writes its host, losses, rows per epoch and ``TF_CONFIG`` to ``OUT_DIR/node-<task>.json``, the
 driver the TensorBoard URL.
+
+``python hosts_driver.py gpus MASTER_URL OUT_DIR EXECUTORS``: one node per worker host, each
+executor asking Spark for one GPU (the hosts' fake discovery scripts, ``hosts_fixture.py``);
+each node writes its host, ``CUDA_VISIBLE_DEVICES`` and ``ctx.gpus``, the driver what its node
+table says each node got.
 
 ``python hosts_driver.py retry MASTER_URL OUT_DIR EXECUTORS ROWS``: Spark declares an executor
 lost after 6 s without heartbeats; 2 nodes read a DataFrame feed slowly, each writing
@@ -57,14 +63,15 @@ def read_all(out_dir, ctx):
 
     mine = socket.gethostname()
     feed = ctx.get_data_feed(train_mode=True)
-    ids, crossed, makers = [], 0, set()
+    ids, crossed, makers = [], [], set()
     while not feed.should_stop():
         batch = feed.next_batch(500)
         if not batch:
             break
         for row_id, made_on in batch:
             ids.append(int(row_id))
-            crossed += made_on != mine
+            if made_on != mine:
+                crossed.append(int(row_id))
             makers.add(made_on)
     found = {
         "host": mine,
@@ -203,6 +210,9 @@ def feed_and_answer(master: str, out_dir: Path, executors: int, rows: int) -> di
     ready = time.monotonic()
     cluster = tfonspark.run(sc, read_all, str(out_dir), 2, input_mode=InputMode.SPARK, reservation_timeout=120)
     fed = cluster.train(df, num_epochs=1)
+    # the TFoS shape: an uncached rdd.map, its rows made in the feed tasks (ids after the DataFrame's)
+    rdd = sc.parallelize(range(rows, 2 * rows), 4 * executors).map(lambda i: (i, socket.gethostname()))
+    fed_rdd = cluster.train(rdd, num_epochs=1)
     cluster.shutdown(timeout=120)
     trained = time.monotonic()
     serving = tfonspark.run(sc, answer, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
@@ -214,6 +224,7 @@ def feed_and_answer(master: str, out_dir: Path, executors: int, rows: int) -> di
     sc.stop()
     return {
         "fed": fed,
+        "fed_rdd": fed_rdd,
         "driver_host": socket.gethostname(),
         "driver_address": address,
         "cluster_info": [{k: str(v) for k, v in info.items()} for info in cluster.cluster_info],
@@ -295,12 +306,36 @@ def mwms_fit(master: str, out_dir: Path, executors: int) -> dict:
     return outcome
 
 
+def write_gpus(out_dir, ctx):
+    """A node: what it was given (``CUDA_VISIBLE_DEVICES``, ``ctx.gpus``) and on which host."""
+    import json
+    import os
+    import socket
+
+    seen = {"host": socket.gethostname(), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "ctx": ctx.gpus}
+    with open(os.path.join(out_dir, f"node-{ctx.task_index}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+def gpus_per_host(master: str, out_dir: Path, executors: int) -> dict:
+    """One node per worker host, each executor given one of its host's (fake) GPUs by Spark."""
+    gpu = {"spark__executor__resource__gpu__amount": "1", "spark__task__resource__gpu__amount": "1"}
+    sc, _ = _context(master, executors, **gpu)
+    cluster = tfonspark.run(sc, write_gpus, str(out_dir), executors, reservation_timeout=120)
+    cluster.shutdown(timeout=120)
+    info = [{"node": f"{i['job_name']}:{i['task_index']}", "gpus": i["gpus"]} for i in cluster.cluster_info]
+    sc.stop()
+    return {"cluster_info": info}
+
+
 def main() -> int:
     mode, master, out_dir, executors = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     if mode == "feed":
         out = feed_and_answer(master, out_dir, executors, int(sys.argv[5]))
     elif mode == "mwms":
         out = mwms_fit(master, out_dir, executors)
+    elif mode == "gpus":
+        out = gpus_per_host(master, out_dir, executors)
     elif mode == "retry":
         out = feed_through_a_cut(master, out_dir, executors, int(sys.argv[5]))
     else:

@@ -22,7 +22,7 @@ import pytest
 
 from tfonspark.testing.hosts import Hosts, unavailable
 
-__all__ = ["ALL_HOSTS", "hosts", "on_request"]
+__all__ = ["ALL_HOSTS", "GPUS_PER_HOST", "GPU_DISCOVERY", "hosts", "on_request"]
 
 #: set to 1 to run the multi-host variants make test leaves out (each says what it adds)
 ALL_HOSTS = "TFONSPARK_ALL_HOSTS"
@@ -33,17 +33,31 @@ def _worker_number() -> int:
     return int(worker[2:]) if worker[2:].isdigit() else 0
 
 
+#: each worker host's GPU discovery script prints two fake GPUs whose addresses name the host
+#: (``h2``: 20 and 21), so a test can tell which host's GPUs a node was given
+GPU_DISCOVERY = """#!/bin/sh
+n="$(hostname)"; n="${n##*-h}"
+echo "{\\"name\\": \\"gpu\\", \\"addresses\\": [\\"${n}0\\", \\"${n}1\\"]}"
+"""
+GPUS_PER_HOST = 2
+
+
 @pytest.fixture(scope="session")
-def hosts() -> Iterator[Hosts]:
-    """A driver host, a master host and three worker hosts with Spark up; skips where namespaces
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
+    """A driver host, a master host and three worker hosts with Spark up, each worker with two fake
+    GPUs (:data:`GPU_DISCOVERY`; only a job that asks for GPUs gets any); skips where namespaces
     cannot be made. At the end nothing is left: no namespace, link or /etc/netns entry."""
     why = unavailable()
     if why:
         pytest.skip(f"no multi-host cluster here: {why}")
+    script = tmp_path_factory.mktemp("gpus") / "discover.sh"
+    script.write_text(GPU_DISCOVERY)
+    script.chmod(0o755)
+    gpus = f"-Dspark.worker.resource.gpu.amount={GPUS_PER_HOST} -Dspark.worker.resource.gpu.discoveryScript={script}"
     number = _worker_number()
     made = Hosts(workers=3, prefix=f"tfh{number}", subnet=f"10.{232 + number}.0").up()
     try:
-        made.spark(memory="1g")
+        made.spark(memory="1g", worker_env={"SPARK_WORKER_OPTS": gpus})
         yield made
     finally:
         made.down()

@@ -5,7 +5,7 @@ network namespace with its own address and hostname on a private bridge; a stand
 runs on its host and one worker (one core) on each worker host (the ``hosts`` fixture, the
 cluster every multi-host test file shares: ``hosts_fixture.py``). The driver program
 (``hosts_driver.py``) runs on the driver host and trains 2 TF nodes on the 3 executors from a
-DataFrame, so one worker host has no node and its feed tasks must send their rows over TCP to
+DataFrame and then from an uncached ``rdd.map``, so one worker host has no node and its feed tasks must send their rows over TCP to
 another host; then a second cluster answers ``inference()`` on the same rows. Checked: every row
 reached TF exactly once, rows did cross hosts, every address the nodes were given is a host's
 own (never loopback, never a wildcard), and inference gave one result per row, in order. At the end
@@ -54,19 +54,22 @@ def test_a_feed_across_hosts_trains_every_row_once_and_answers_each_in_order(hos
     driver = json.loads((tmp_path / "driver.json").read_text())
     nodes = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node-*.json"))]
     print(
-        f"spark up {driver['spark_up_s']:.1f}s, run+train+shutdown {driver['train_s']:.1f}s, inference "
-        f"{driver['inference_s']:.1f}s; rows that crossed "
-        f"hosts: {[n['crossed'] for n in nodes]} of {[len(n['ids']) for n in nodes]}"
+        f"spark up {driver['spark_up_s']:.1f}s, run+train(df)+train(rdd.map)+shutdown {driver['train_s']:.1f}s, "
+        f"inference {driver['inference_s']:.1f}s; rows that crossed hosts (DataFrame, rdd.map): "
+        f"{[(sum(i < ROWS for i in n['crossed']), sum(i >= ROWS for i in n['crossed'])) for n in nodes]} "
+        f"of {[len(n['ids']) for n in nodes]}"
     )
 
-    assert driver["fed"] == ROWS
+    assert driver["fed"] == ROWS and driver["fed_rdd"] == ROWS  # a DataFrame, then an uncached rdd.map
     seen = Counter(i for node in nodes for i in node["ids"])
-    assert len(nodes) == 2 and sorted(seen) == list(range(ROWS)) and set(seen.values()) == {1}
+    assert len(nodes) == 2 and sorted(seen) == list(range(2 * ROWS)) and set(seen.values()) == {1}
 
     worker_hosts = {h.name for h in hosts.workers}
     assert driver["driver_host"] == hosts.driver.name and driver["driver_address"] == hosts.driver.address
     assert {n["host"] for n in nodes} < worker_hosts  # two nodes on two of the three worker hosts
-    assert sum(n["crossed"] for n in nodes) > 0, "no row was made on another host than the node that read it"
+    crossed = [i for n in nodes for i in n["crossed"]]
+    assert any(i < ROWS for i in crossed), "no DataFrame row was made on another host than the node that read it"
+    assert any(i >= ROWS for i in crossed), "no rdd.map row was made on another host than the node that read it"
     made_on = {host for n in nodes for host in n["makers"]}
     assert made_on - {n["host"] for n in nodes}, f"no feed task ran on the node-less host: {made_on}"
 

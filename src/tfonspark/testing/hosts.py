@@ -221,15 +221,18 @@ class Hosts:
         """The pids of every process in ``host``'s namespace."""
         return _pids(host.name)
 
-    def spark(self, cores: int = 1, memory: str = "1g", timeout: float = 120.0) -> StandaloneCluster:
+    def spark(
+        self, cores: int = 1, memory: str = "1g", timeout: float = 120.0, worker_env: Mapping[str, str] | None = None
+    ) -> StandaloneCluster:
         """A started Spark standalone master on the master's host and a worker on each worker host.
 
+        ``worker_env``: more environment for the workers, e.g. ``SPARK_WORKER_OPTS`` with a GPU
+        discovery script (which runs on each worker's host: it can read that host's name).
         Returns the :class:`~tfonspark.testing.spark.StandaloneCluster` (``.url``:
         ``spark://<master-address>:7077``); :meth:`down` stops it too.
         """
-        return StandaloneCluster(len(self.workers), cores, memory, places=(self, self.master, self.workers)).start(
-            timeout
-        )
+        places = (self, self.master, self.workers)
+        return StandaloneCluster(len(self.workers), cores, memory, places=places, worker_env=worker_env).start(timeout)
 
 
 def _env(host: Host, env: Mapping[str, str] | None) -> dict[str, str]:

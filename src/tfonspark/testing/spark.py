@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -121,8 +121,10 @@ class StandaloneCluster:
         cores: int = 1,
         memory: str = "1g",
         places: tuple[Runner, Place, Sequence[Place]] | None = None,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
         self.workers = workers
+        self.worker_env = dict(worker_env or {})  #: more environment for the worker JVMs (SPARK_WORKER_OPTS)
         self.cores = cores
         self.memory = memory
         self._places = places
@@ -135,9 +137,10 @@ class StandaloneCluster:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._dir = tempfile.mkdtemp(prefix="tfos-standalone-")
 
-    def _spawn(self, name: str, *args: str, on: Place | None = None) -> None:
+    def _spawn(self, name: str, *args: str, on: Place | None = None, more: Mapping[str, str] | None = None) -> None:
         env = dict(
             os.environ,
+            **(more or {}),
             SPARK_HOME=spark_home(),
             SPARK_LOCAL_IP=on.address if on else "127.0.0.1",
             SPARK_WORKER_DIR=os.path.join(self._dir, "work"),
@@ -182,6 +185,7 @@ class StandaloneCluster:
                 "--webui-port",
                 "8081" if place else str(free_ports()[0]),
                 on=place,
+                more=self.worker_env,
             )
         self._wait_for_workers(timeout)
         return self
