@@ -1,6 +1,8 @@
 """The driver program of ``test_shipped_env.py``, run by ``spark-submit`` on the driver's host.
 
-The driver runs the checkout's virtualenv (``spark.pyspark.driver.python``); the executors run
+Its SparkContext is the examples' own (``tfonspark.demo.spark_context``, which takes the
+submitted master and settings as they are). The driver runs the checkout's virtualenv
+(``spark.pyspark.driver.python``); the executors run
 what ``spark.pyspark.python`` names: the packed environment shipped with ``--archives`` (the
 way users run on YARN), or a Python without tfonspark.
 
@@ -24,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 import tfonspark
 from tfonspark import InputMode
+from tfonspark.demo import spark_context
 
 OTHER_VERSION = "0.0.1+other"
 
@@ -103,8 +105,10 @@ def main() -> int:
     mode, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {"mode": mode, "driver_python": sys.executable}
     started = time.monotonic()
-    sc = SparkContext.getOrCreate()
+    sc = spark_context(app_name="tfonspark-shipped-env")  # the examples' own: spark-submit's settings
     sc.setLogLevel("ERROR")
+    out["master"] = sc.master
+    out["driver_host"] = sc.getConf().get("spark.driver.host", "")
     out["python_exec"] = sc.pythonExec
     out["context_s"] = time.monotonic() - started
     deadline = time.monotonic() + 120

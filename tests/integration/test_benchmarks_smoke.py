@@ -203,6 +203,11 @@ def test_tf_import_benchmark_defers_kerass_extras_in_the_hooked_import():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("TFONSPARK_ALL_SMOKE") != "1",
+    reason="two clusters training MNIST (a ps_cluster and MWMS): 108 s in make test, which leaves it out; "
+    "TFONSPARK_ALL_SMOKE=1 runs it",
+)
 def test_ps_vs_mwms_benchmark_quick_run_prints_both_rates_and_the_ratio(mnist_dir):
     """ps_vs_mwms.py trains with a ps_cluster and with MWMS in one run and prints their steps/s side by side."""
     cmd = [sys.executable, str(REPO / "benchmarks" / "ps_vs_mwms.py"), "--quick", "--data", str(mnist_dir)]

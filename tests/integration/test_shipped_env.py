@@ -159,6 +159,9 @@ def test_the_nodes_run_the_shipped_python_and_refuse_another_tfonspark_version(h
     )
 
     assert driver["python_exec"] == "./env/bin/python" and driver["driver_python"] == sys.executable
+    # the examples' spark_context took the submitted master, and the driver host's own address
+    assert driver["master"] == f"spark://{hosts.master.address}:7077", driver
+    assert driver["driver_host"] in (hosts.driver.address, hosts.driver.name), driver
     assert driver["fed"] == ROWS
     seen = Counter(i for node in nodes for i in node["ids"])
     assert len(nodes) == 2 and sorted(seen) == list(range(ROWS)) and set(seen.values()) == {1}
