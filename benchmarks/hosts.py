@@ -41,6 +41,8 @@ from typing import Any
 
 import _common as c
 
+from tfonspark.testing.hosts import spark_context_here
+
 PREFIX, SUBNET = "tfbh", "10.240.0"  # not the tests' hosts (tfh<n>, 10.232+n.0)
 NODES = 2
 TIMEOUT = 600.0
@@ -103,32 +105,6 @@ def wait_until_stopped(out: str, ctx: Any) -> None:
 
 
 # ---- the driver program, on the driver host ----------------------------------------------------
-def _context(master: str, executors: int) -> Any:
-    """A SparkContext at this host's own address, once ``executors`` executors registered."""
-    from pyspark import SparkContext
-
-    from tfonspark.testing import spark_conf
-
-    address = socket.gethostbyname(socket.gethostname())
-    conf = spark_conf(
-        master,
-        app_name=f"tfonspark-bench-hosts-{executors}",
-        spark__driver__host=address,
-        spark__driver__bindAddress=address,
-        spark__cores__max=str(executors),
-        spark__executor__cores="1",
-        spark__executor__memory="768m",
-    )
-    sc = SparkContext(conf=conf)
-    sc.setLogLevel("ERROR")
-    deadline = time.monotonic() + 180
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fewer than {executors} executors registered with {master} in 180 s")
-        time.sleep(0.2)
-    return sc
-
-
 def _timed_train(cluster: Any, counters: c.Counters, data: Any, rows: int, fed_before: int, batch: int) -> float:
     """Seconds from ``train(data)`` to every row consumed but a partial batch per node."""
     started = time.perf_counter()
@@ -146,7 +122,7 @@ def drive_feed(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
     import tfonspark
 
     c.ship_by_value(c)
-    sc = _context(opts.master, 3)
+    sc = spark_context_here(opts.master, 3, "tfonspark-bench-hosts-feed", timeout=180)
     spark = SparkSession(sc)
     found: dict[str, Any] = {}
     try:
@@ -187,7 +163,7 @@ def drive_mwms(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Two nodes fitting the demo CNN; the chief's steps/s and host."""
     import tfonspark
 
-    sc = _context(opts.master, 2)
+    sc = spark_context_here(opts.master, 2, "tfonspark-bench-hosts-mwms", timeout=180)
     try:
         args = {"steps": opts.steps, "warm_steps": opts.warm_steps, "batch": 64, "out": str(out)}
         cluster = tfonspark.run(sc, fit_cnn, args, NODES, reservation_timeout=300)
@@ -203,7 +179,7 @@ def drive_fault(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
     import tfonspark
     from tfonspark.errors import NodeFailed
 
-    sc = _context(opts.master, 3)
+    sc = spark_context_here(opts.master, 3, "tfonspark-bench-hosts-fault", timeout=180)
     cluster = tfonspark.run(sc, wait_until_stopped, str(out), NODES, reservation_timeout=300)
     (out / "started").touch()
     try:

@@ -52,7 +52,7 @@ from pyspark.sql.types import StringType
 import tfonspark
 from tfonspark import InputMode
 from tfonspark.errors import NodeFailed
-from tfonspark.testing import spark_conf
+from tfonspark.testing.hosts import spark_context_here
 
 
 def read_all(out_dir, ctx):
@@ -180,24 +180,9 @@ def fit_uneven(out_dir, ctx):
 
 
 def _context(master: str, executors: int, **conf_keys: str) -> tuple[SparkContext, str]:
-    """A SparkContext at this host's own address, once ``executors`` executors registered."""
-    address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
-    conf = spark_conf(
-        master,
-        app_name="tfonspark-hosts",
-        spark__driver__host=address,
-        spark__driver__bindAddress=address,
-        spark__cores__max=str(executors),
-        spark__executor__cores="1",
-        spark__executor__memory="768m",
-        **conf_keys,
-    )
-    sc = SparkContext(conf=conf)
-    sc.setLogLevel("ERROR")
-    deadline = time.monotonic() + 120
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return sc, address
+    """A SparkContext at this host's own address, once ``executors`` executors registered; that address."""
+    sc = spark_context_here(master, executors, "tfonspark-hosts", **conf_keys)
+    return sc, socket.gethostbyname(socket.gethostname())
 
 
 def feed_and_answer(master: str, out_dir: Path, executors: int, rows: int) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pyspark import SparkContext
 
 import tfonspark
 from tfonspark import InputMode
-from tfonspark.testing import spark_conf
+from tfonspark.testing.hosts import spark_context_here
 
 WAIT_SECS = 240.0
 
@@ -87,23 +86,8 @@ def _ready(out_dir: Path, name: str, sc: SparkContext, **more: object) -> None:
 
 def main() -> int:
     master, out_dir, port_range, small = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-    address = socket.gethostbyname(socket.gethostname())  # this host's own, from its /etc/hosts
-    conf = spark_conf(
-        master,
-        app_name="tfonspark-port-range",
-        spark__driver__host=address,
-        spark__driver__bindAddress=address,
-        spark__cores__max="3",
-        spark__executor__cores="1",
-        spark__executor__memory="768m",
-        spark__tfonspark__portRange=port_range,
-    )
     started = time.monotonic()
-    sc = SparkContext(conf=conf)
-    sc.setLogLevel("ERROR")
-    deadline = time.monotonic() + 120
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    sc = spark_context_here(master, 3, "tfonspark-port-range", spark__tfonspark__portRange=port_range)
     out: dict = {"spark_up_s": time.monotonic() - started}
 
     at = time.monotonic()

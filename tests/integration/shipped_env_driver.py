@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 import tfonspark
 from tfonspark import InputMode
 from tfonspark.demo import spark_context
+from tfonspark.testing.spark import wait_for_executors
 
 OTHER_VERSION = "0.0.1+other"
 
@@ -111,9 +112,7 @@ def main() -> int:
     out["driver_host"] = sc.getConf().get("spark.driver.host", "")
     out["python_exec"] = sc.pythonExec
     out["context_s"] = time.monotonic() - started
-    deadline = time.monotonic() + 120
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for_executors(sc, 2, 120)
     out["executors_s"] = time.monotonic() - started
     try:
         if mode == "train":

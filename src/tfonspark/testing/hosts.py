@@ -39,9 +39,9 @@ from types import TracebackType
 from typing import IO, Any
 
 from ..errors import ClusterError, ConfigError
-from .spark import StandaloneCluster
+from .spark import StandaloneCluster, spark_conf, wait_for_executors
 
-__all__ = ["Host", "Hosts", "unavailable"]
+__all__ = ["Host", "Hosts", "spark_context_here", "unavailable"]
 
 _NETNS_ETC = Path("/etc/netns")
 _WORKER_BASE = 21  # h1 is <subnet>.21
@@ -302,3 +302,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def spark_context_here(master: str, executors: int, app_name: str, timeout: float = 120.0, **conf: str) -> Any:
+    """The SparkContext of a driver program that runs on a host of a :class:`Hosts` cluster.
+
+    Its driver at this host's own address (from its ``/etc/hosts``), ``executors`` executors of
+    one core and 768 MiB, returned once they registered (:func:`~tfonspark.testing.spark.wait_for_executors`,
+    ClusterError after ``timeout`` seconds); ``conf``: more settings, as :func:`spark_conf` takes them.
+    """
+    import socket
+
+    from pyspark import SparkContext
+
+    address = socket.gethostbyname(socket.gethostname())
+    settings = {
+        "spark__driver__host": address,
+        "spark__driver__bindAddress": address,
+        "spark__cores__max": str(executors),
+        "spark__executor__cores": "1",
+        "spark__executor__memory": "768m",
+        **conf,
+    }
+    sc = SparkContext(conf=spark_conf(master, app_name=app_name, **settings))
+    sc.setLogLevel("ERROR")
+    wait_for_executors(sc, executors, timeout)
+    return sc

@@ -23,7 +23,7 @@ from typing import IO, Any, Protocol
 from ..errors import ClusterError
 from .ports import free_ports
 
-__all__ = ["SparkManager", "StandaloneCluster", "embedded", "spark_conf", "spark_home"]
+__all__ = ["SparkManager", "StandaloneCluster", "embedded", "spark_conf", "spark_home", "wait_for_executors"]
 
 _FAST_CONF = {
     "spark.ui.enabled": "false",
@@ -279,7 +279,7 @@ class SparkManager:
         self.sc = SparkContext(conf=spark_conf(master, app_name=f"tfonspark-tests-{kind}", **conf))
         self.sc.setLogLevel("ERROR")
         self.kind = kind
-        _wait_for_executors(self.sc, _expected_executors(kind))
+        wait_for_executors(self.sc, _expected_executors(kind))
         return self.sc
 
     def stop(self) -> None:
@@ -307,8 +307,10 @@ def _expected_executors(kind: str) -> int:
     return 0
 
 
-def _wait_for_executors(sc: Any, count: int, timeout: float = 60.0) -> None:
-    """Block until ``count`` executors have registered, so gang scheduling can start at once."""
+def wait_for_executors(sc: Any, count: int, timeout: float = 60.0) -> None:
+    """Block until ``count`` executors have registered, so gang scheduling can start at once.
+
+    ClusterError naming both numbers where fewer registered within ``timeout`` seconds."""
     if count <= 0:
         return
     deadline = time.monotonic() + timeout
