@@ -30,6 +30,7 @@ from ps_common import write_and_exit
 STEPS = 150
 STEP_MS = 20
 SECOND_KILL_S = 0.5
+PS_STEPS = 2000  # queued before ps:0 is killed: ~20 s of closures on 2 workers, never all done first
 
 
 def _tf_process(spec: dict, node: str):
@@ -210,14 +211,23 @@ def train_through_kills(cluster, out: dict, two_workers: bool) -> None:
 
 
 def _ps_kill(cluster, coordinator, schedule, runs, out: dict) -> None:
+    """ps:0 killed once a few closures ran, with many more still queued: the error TF raises in ``join``.
+
+    The process is looked up before training starts and ``PS_STEPS`` closures (seconds of work
+    even on idle cores) are queued, so the kill lands mid-training on a busy machine too: with
+    ``STEPS`` queued, CI once finished them all before the kill, and ``join`` returned cleanly.
+    """
+    ps = _tf_process(cluster.cluster_spec, "ps:0")
     progress = _Progress(runs)
     progress.start()
     base = int(runs.numpy())
-    for _ in range(STEPS):
+    for _ in range(PS_STEPS):
         schedule()
     progress.reached(base + STEPS // 6)
     progress.stop.set()
-    killed = _kill(cluster, "ps:0")
+    ps.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    ran = progress.samples[-1][1] - base if progress.samples else -1
     try:
         coordinator.join()
     except Exception as error:
@@ -225,10 +235,11 @@ def _ps_kill(cluster, coordinator, schedule, runs, out: dict) -> None:
             "error_s": time.monotonic() - killed,
             "type": type(error).__name__,
             "message": str(error)[:600],
+            "ran_before_kill": ran,
         }
         out["leaving"] = time.monotonic()
         raise
-    out["ps_kill"] = {"error_s": -1.0}
+    out["ps_kill"] = {"error_s": -1.0, "ran_before_kill": ran, "scheduled": PS_STEPS}
 
 
 def main(master: str, out_path: str, two_workers: bool) -> None:
