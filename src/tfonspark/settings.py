@@ -312,8 +312,9 @@ SETTINGS: tuple[Setting, ...] = (
         _collective_timeout,
         "0 (no timeout) or a number of seconds > 0 and <= 604800 (a week)",
         "seconds a collective of `tfonspark.distribute.strategy()` waits for its peers (TF's "
-        "`CommunicationOptions.timeout_seconds`): then `DeadlineExceededError`, whose hint names the peers, "
-        "instead of a hang on a lost host; also read on the node",
+        "`CommunicationOptions.timeout_seconds`): then `DeadlineExceededError` instead of a hang on a lost "
+        "host, and the driver's `NodeFailed` names first the peer it waited on where that peer's supervisor "
+        "has gone silent; also read on the node",
         default_text="0 (no timeout)",
         on_node=True,
     ),

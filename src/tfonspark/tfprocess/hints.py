@@ -76,7 +76,7 @@ def _collective_timeout(environ: Mapping[str, str]) -> str:
     return (
         f"A collective (an all-reduce of the step) waited {limit + ' s, ' if limit else ''}its timeout_seconds, for "
         f"the other workers{waited} and one of them did not take part: its host is unreachable or its process "
-        "died (the driver's NodeFailed for it says which, within heartbeat_timeout), or its steps are slower "
+        "died (the driver's NodeFailed names it first once its supervisor has gone silent), or its steps are slower "
         "than the timeout. Fix: raise collective_timeout (run(collective_timeout=...) or "
         "tfonspark.distribute.strategy(timeout_seconds=...)) if the steps are slow."
     )

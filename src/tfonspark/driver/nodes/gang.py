@@ -150,14 +150,27 @@ def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
     return how, code, "\n".join(tail.splitlines()[-_TAIL_LINES:])
 
 
+def collective_timed_out(node: NodeState) -> bool:
+    """Whether ``node`` failed because one of its collectives ran out of ``timeout_seconds``
+    (``DeadlineExceededError`` of an all-reduce): then it is the peer it waited on that failed."""
+    if node.exit is None:
+        return False
+    text = f"{node.exit.traceback}\n{node.exit.output_tail[-4000:]}"
+    return "DeadlineExceededError" in text and "ollective" in text
+
+
 def node_failed(failed: list[NodeState]) -> NodeFailed:
     """The error the driver raises for failed nodes: every one by role, index and output tail.
 
     ``role``/``index``/``exit_code``/``traceback`` describe the first failure: the node the driver
     heard from first (a SIGKILLed worker, not the peer whose collective then broke), then by
-    executor id; ``failures`` holds all of them.
+    executor id, and a node whose collective timed out after every other (the peer it waited on
+    is the cause, even where the driver learnt of it later); ``failures`` holds all of them.
     """
-    ordered = sorted(failed, key=lambda n: (n.finished_at or float("inf"), n.exit is None, n.role.executor_id))
+    ordered = sorted(
+        failed,
+        key=lambda n: (collective_timed_out(n), n.finished_at or float("inf"), n.exit is None, n.role.executor_id),
+    )
     described = [(n, *_describe_exit(n)) for n in ordered]
     first, how, code, tail = described[0]
     where = f"TensorFlow node {first.role.name} (executor {first.role.executor_id})"
@@ -290,6 +303,7 @@ class Gang:
             # nodes often fail together (one bad input, a lost peer): give the others a moment
             # to report, so the error names all of them and not only the fastest
             self.server.wait_for(lambda nodes: all(n.finished for n in nodes), _SETTLE_SECS, until_failure=False)
+            self._name_waited_on(self.server.failures() or failed)
             failed = self.server.failures() or failed
             seen_at = time.time()
             self.failed_at = min((n.finished_at for n in failed if n.finished_at), default=seen_at)
@@ -403,6 +417,23 @@ class Gang:
             if isinstance(event, ServerRestarted) and not (restarts.add(node.role.name, event) and restarts.loud()):
                 continue
             self._on_event(node, event)
+
+    def _name_waited_on(self, failed: list[NodeState]) -> None:
+        """Where a node's collective timed out, the peers it waited on that have gone silent
+        (nothing from their supervisor for two heartbeats: host cut off, executor hung) are
+        recorded as lost now, not after heartbeat_timeout, so the error names them first."""
+        timed_out = [n for n in failed if collective_timed_out(n)]
+        if not timed_out:
+            return
+        waiters = ", ".join(n.role.name for n in timed_out)
+        peers = [n for n in self.server.nodes.values() if n.role.job_name in ("chief", "worker")]
+        for node, quiet in self.server.silent(peers, 2 * self.server.heartbeat_secs):
+            host = node.address.rsplit(":", 1)[0] or "?"
+            self.server.mark_lost(
+                node,
+                f"unreachable: the collective of {waiters} timed out waiting for it, and its supervisor on {host} "
+                f"has sent nothing for {quiet:.1f}s (its host cut off, or the executor lost or hung)",
+            )
 
     def teardown(self, grace_secs: float, final: bool = False) -> None:
         """Stop every node, wait for their supervisors, cancel jobs, close the server.

@@ -92,6 +92,7 @@ class NodeState:
     lost: str = ""
     finished_at: float = 0.0  # time.time() when the driver learnt the node exited or was lost
     feed_ended: bool = False  # its feed was terminated (DataFeed.terminate()): it takes no more data
+    heard_at: float = 0.0  # time.monotonic() when its supervisor last sent anything (0: never)
     conn: Connection | None = field(default=None, repr=False)
 
     @property
@@ -275,6 +276,7 @@ class RendezvousServer:
             reason = self._refusal(msg, node) or ("" if node is not None else "unknown executor id")
             if not reason and node is not None:
                 node.address = f"{msg.host}:{msg.port}"
+                node.heard_at = time.monotonic()
                 node.executor_key, node.conn = msg.executor_key, conn
                 self._maybe_form_cluster()
         if reason or node is None:
@@ -319,6 +321,7 @@ class RendezvousServer:
         while True:
             try:
                 payload = conn.recv()
+                node.heard_at = time.monotonic()
             except TimeoutError:
                 self._lost(
                     node,
@@ -428,6 +431,20 @@ class RendezvousServer:
                 except OSError as exc:
                     self._lost(node, f"a heartbeat to its supervisor{_on(node)} failed ({exc}): unreachable?")
                     conn.close()
+
+    def silent(self, nodes: Iterable[NodeState], longer_than: float) -> list[tuple[NodeState, float]]:
+        """Running nodes whose supervisor has sent nothing for more than ``longer_than`` seconds
+        (with how long): a healthy one sends a heartbeat every ``heartbeat_secs``."""
+        now = time.monotonic()
+        with self._cond:
+            return [
+                (n, now - n.heard_at) for n in nodes if n.heard_at and not n.finished and now - n.heard_at > longer_than
+            ]
+
+    def mark_lost(self, node: NodeState, why: str) -> None:
+        """Record ``node`` as lost (``why``) before its heartbeat_timeout runs out, as the gang
+        judges from another node's failure; no-op once it has finished."""
+        self._lost(node, why)
 
     def _lost(self, node: NodeState, why: str) -> None:
         with self._cond:

@@ -15,6 +15,7 @@ For the figures: ``python -m pytest tests/unit/driver/nodes/test_gang.py -s``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import logging
@@ -34,6 +35,7 @@ from tfonspark.driver.nodes.node_events import NodeEvents
 from tfonspark.driver.nodes.rendezvous import RendezvousServer
 from tfonspark.driver.nodes.reports import ReportLog
 from tfonspark.driver.nodes.roles import plan_roles
+from tfonspark.errors import NodeFailed
 from tfonspark.testing import FakeSparkContext
 from tfonspark.wire import events as ev
 from tfonspark.wire import messages as m
@@ -343,3 +345,57 @@ def test_the_gang_is_the_control_plane_and_answers_from_its_server(gang_of):
     plane.request_stop("enough data")
     plane.request_stop("a later reason")
     assert gang.server.stop_reason == "enough data"  # the first reason is kept
+
+
+_DEADLINE = (
+    "tensorflow.python.framework.errors_impl.DeadlineExceededError: Collective ops is aborted by: "
+    "Collective ops timed out\nHint: A collective (an all-reduce of the step) waited its timeout_seconds"
+)
+
+
+def _collective_timeout(gang_of, peer_speaks: bool):
+    """worker:0's collective times out (its NodeExit); ps:0 has stopped; worker:1 either goes silent
+    or keeps reporting until it stops. The NodeFailed that ``check()`` raises, and the seconds it took."""
+    gang, send, sync = gang_of(0)
+    gang.server.heartbeat_secs = 0.25  # a healthy supervisor speaks at least this often
+    ids = {n.role.name: n.role.executor_id for n in gang.server.nodes.values()}
+    send("ps:0", m.NodeExit(ids["ps:0"], 0, stopped=True))
+    speaking = threading.Event()
+    if peer_speaks:
+
+        def speak() -> None:
+            with contextlib.suppress(OSError):  # the gang's teardown closes the connection
+                for _ in range(30):
+                    send("worker:1", ev.Reported({"step": 1}))
+                    time.sleep(0.1)
+                send("worker:1", m.NodeExit(ids["worker:1"], 0, stopped=True))
+            speaking.set()
+
+        threading.Thread(target=speak, daemon=True).start()
+    else:
+        time.sleep(0.6)  # worker:1 has sent nothing for longer than two heartbeats
+    send("worker:0", m.NodeExit(ids["worker:0"], 1, traceback=_DEADLINE))
+    assert wait_until(lambda: gang.server.failures(), 30)
+    started = time.monotonic()
+    with pytest.raises(NodeFailed) as info:
+        gang.check()
+    seconds = time.monotonic() - started
+    assert speaking.wait(30) if peer_speaks else True
+    return info.value, seconds
+
+
+def test_a_collective_timeout_names_the_silent_peer_it_waited_on_first(gang_of):
+    error, seconds = _collective_timeout(gang_of, peer_speaks=False)
+    assert (error.role, error.index) == ("worker", 1), str(error)
+    assert str(error).startswith(
+        "TensorFlow node worker:1 (executor 2) was lost: unreachable: the collective of worker:0"
+    )
+    assert "has sent nothing for" in str(error) and "and 1 more: worker:0 failed with exit code 1" in str(error)
+    assert "DeadlineExceededError" in error.failures["worker:0"]
+    assert seconds < 10
+
+
+def test_a_collective_timeout_with_every_peer_speaking_names_the_node_that_timed_out(gang_of):
+    error, _ = _collective_timeout(gang_of, peer_speaks=True)
+    assert (error.role, error.index) == ("worker", 0), str(error)
+    assert set(error.failures) == {"worker:0"} and "unreachable" not in str(error)
