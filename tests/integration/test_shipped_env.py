@@ -19,7 +19,8 @@ about 45 s more).
 
 Then the two ways an executor's Python cannot run the nodes, each of which must fail within
 seconds with ``ExecutorEnvironmentError`` naming the Python the executor ran and how to ship one:
-a Python without tfonspark, and a tfonspark of another version than the driver's.
+a tfonspark of another version than the driver's, and one host's Python without tfonspark while
+the other executor's node has started and waits for it.
 """
 
 from __future__ import annotations
@@ -187,16 +188,31 @@ def test_the_nodes_run_the_shipped_python_and_refuse_another_tfonspark_version(h
     assert "--archives env.tar.gz#env --conf spark.pyspark.python=./env/bin/python" in text, text
 
 
-def test_an_executor_python_without_tfonspark_fails_at_once_naming_it(hosts, shipped, tmp_path):
-    python = str(shipped["without_tfonspark"])  # as if installed on every host, without tfonspark
-    done = _submit(hosts, python, ["missing", str(tmp_path)])
+_ONE_HOST_WITHOUT = """#!/bin/sh
+# spark.pyspark.python of the executors: the first host to start a Python has no tfonspark, the others the driver's
+if mkdir "{marker}.lock" 2>/dev/null; then hostname > "{marker}.tmp" && mv "{marker}.tmp" "{marker}"; fi
+while [ ! -s "{marker}" ]; do sleep 0.05; done
+if [ "$(hostname)" = "$(cat "{marker}")" ]; then exec "{without}" "$@"; fi
+exec "{driver}" "$@"
+"""
+
+
+def test_one_host_whose_python_lacks_tfonspark_fails_at_once_naming_it(hosts, shipped, tmp_path):
+    """One executor without tfonspark, the other with it: the node that came must not hold the
+    reservation for reservation_timeout (120 s here); the error names the executor that lacks it."""
+    without = str(shipped["without_tfonspark"])  # as if installed on that host, without tfonspark
+    wrapper = tmp_path / "mixed-python"
+    wrapper.write_text(_ONE_HOST_WITHOUT.format(marker=tmp_path / "bad-host", without=without, driver=sys.executable))
+    wrapper.chmod(0o755)
+    done = _submit(hosts, str(wrapper), ["missing", str(tmp_path)])
     missing = _outcome(done, tmp_path)["missing"]
-    print(f"an executor Python without tfonspark: {missing['type']} after {missing['seconds']:.1f}s")
+    bad_host = (tmp_path / "bad-host").read_text().strip()
+    print(f"one executor Python without tfonspark (on {bad_host}): {missing['type']} after {missing['seconds']:.1f}s")
     assert missing["type"] == "ExecutorEnvironmentError", missing
     assert missing["seconds"] < 20, missing
     text = missing["error"]
-    assert "ModuleNotFoundError: No module named 'tfonspark'" in text, text
-    assert f"ran '{python}'" in text and f"spark.pyspark.python='{python}'" in text, text
+    assert "ModuleNotFoundError: No module named 'tfonspark'" in text and "(1 node task)" in text, text
+    assert f"ran '{without}'" in text and f"spark.pyspark.python='{wrapper}'" in text, text
     assert "--archives env.tar.gz#env" in text and "install tfonspark" in text, text
-    assert missing["attrs"]["python"] == python and missing["attrs"]["executor_version"] == "", missing
-    assert missing["attrs"]["host"] in {h.name for h in hosts.workers}, missing
+    assert missing["attrs"]["python"] == without and missing["attrs"]["executor_version"] == "", missing
+    assert missing["attrs"]["host"] == bad_host and bad_host in {h.name for h in hosts.workers}, missing

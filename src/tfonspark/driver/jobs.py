@@ -71,6 +71,22 @@ class BackgroundJob:
     def join(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
 
+    def ended_tasks(self) -> int:
+        """Tasks of this job group's jobs that have completed so far, as Spark's status tracker
+        counts them (0 once the context is stopped): a node job's tasks normally run as long as
+        their nodes, so one that ended early says its node will not come."""
+        try:
+            tracker = self.sc.statusTracker()
+            ended = 0
+            for job_id in tracker.getJobIdsForGroup(self.group):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in list(job.stageIds) if job is not None else []:
+                    stage = tracker.getStageInfo(stage_id)
+                    ended += int(stage.numCompletedTasks) if stage is not None else 0
+            return ended
+        except Exception:  # noqa: BLE001 (a stopped context, a JVM gone: nothing to say)
+            return 0
+
 
 def run_in_group(sc: Any, group: str, description: str, action: Callable[[], Any]) -> Any:
     """Run ``action`` on the calling thread under ``group`` so another thread can cancel it."""

@@ -155,6 +155,9 @@ class Supervisor:
         if isinstance(reply, m.Reject):
             task_status(ev.TaskRejected(reply.reason))
             return 2
+        if isinstance(reply, m.Stop):  # the cluster will not form (another node cannot come): no TF process
+            task_status(ev.TaskExit(0, stopped=True))
+            return 0
         assert isinstance(reply, m.ClusterReady)
         relay = self.relay = Relay(conn, self.executor_id)
         beats = (self.config.heartbeat_secs, self.done)
@@ -353,7 +356,8 @@ class Supervisor:
         return 0
 
     def _await_cluster(self, conn: Connection) -> m.Message:
-        """The driver's ClusterReady or Reject, within ``reservation_timeout`` (+ a margin)."""
+        """The driver's ClusterReady, Reject or Stop (the cluster will not form), within
+        ``reservation_timeout`` (+ a margin)."""
         deadline = time.monotonic() + self.config.reservation_timeout + CLUSTER_MARGIN_SECS
         try:
             while True:
@@ -361,7 +365,7 @@ class Supervisor:
                 if left <= 0:
                     raise TimeoutError("the driver sent no cluster within the reservation timeout")
                 conn.settimeout(left)
-                reply = m.recv_message(conn, m.ClusterReady, m.Reject, m.Heartbeat)
+                reply = m.recv_message(conn, m.ClusterReady, m.Reject, m.Stop, m.Heartbeat)
                 if not isinstance(reply, m.Heartbeat):
                     return reply
         finally:

@@ -16,7 +16,7 @@ import pytest
 
 import tfonspark
 from tfonspark.config import NodeConfig
-from tfonspark.errors import ConfigError, NodeFailed, ReservationTimeout
+from tfonspark.errors import ConfigError, ExecutorEnvironmentError, NodeFailed, ReservationTimeout
 from tfonspark.testing import FakeSparkContext, LocalLauncher
 from tfonspark.wire.errors import CapturedError, encode
 
@@ -109,6 +109,80 @@ def test_nodes_that_never_register_time_out_the_reservation():
         tfonspark.run(FakeSparkContext(), write_role, {}, 2, reservation_timeout=1, launcher=_NoNodes())
     assert (info.value.registered, info.value.required) == (0, 2)
     assert "reservation_timeout" in str(info.value)
+
+
+class _OneWithoutTfonspark:
+    """Every node but the last starts (LocalLauncher); the last one's task returns at once, as a
+    preflight report does on an executor without tfonspark. Like a Spark node job, the launch
+    ends, with the job's ExecutorEnvironmentError, only once the other nodes' tasks returned."""
+
+    def __init__(self, report: bool) -> None:
+        self.report = report
+
+    def launch(self, config: NodeConfig, payload: bytes, executor_ids: list[int], on_done):
+        return _PartialHandle(
+            LocalLauncher().launch(config, payload, executor_ids[:-1], lambda: None), self.report, on_done
+        )
+
+
+class _PartialHandle:
+    def __init__(self, started, report: bool, on_done) -> None:
+        self.started, self.report, self.done = started, report, threading.Event()
+        self.error: BaseException | None = None
+
+        def finish() -> None:
+            started.join()
+            self.error = started.error  # a node task that raised fails the job (a stopped one must not)
+            if report and self.error is None:  # what environment.check raises from the job's results
+                self.error = ExecutorEnvironmentError("tfonspark cannot be imported on the executors", host="h1")
+            self.done.set()
+            on_done()
+
+        threading.Thread(target=finish, daemon=True).start()
+
+    def ended_tasks(self) -> int:
+        return self.started.ended_tasks() + 1
+
+    def cancel(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def wait_for_feed(args: dict, ctx) -> None:
+    ctx.get_data_feed().next_batch(1)
+
+
+@pytest.mark.parametrize("input_mode", [tfonspark.InputMode.SPARK, tfonspark.InputMode.TENSORFLOW])
+def test_a_node_task_that_returns_during_the_reservation_ends_it_with_the_jobs_error(input_mode):
+    """Not after reservation_timeout: the nodes that came are stopped, and the job's own error
+    (an executor without tfonspark) is raised within seconds."""
+    fun = wait_for_feed if input_mode == tfonspark.InputMode.SPARK else serve_until_stopped
+    started = time.monotonic()
+    with pytest.raises(ExecutorEnvironmentError, match="cannot be imported"):
+        tfonspark.run(
+            FakeSparkContext(),
+            fun,
+            {},
+            3,
+            input_mode=input_mode,
+            reservation_timeout=120,
+            launcher=_OneWithoutTfonspark(report=True),
+        )
+    assert time.monotonic() - started < 10  # not reservation_timeout, nor a 15 s wait for stopped nodes
+
+
+def test_a_node_task_that_returns_during_the_reservation_without_a_report_is_named():
+    started = time.monotonic()
+    with pytest.raises(
+        NodeFailed,
+        match=r"reservation: 1 Spark node task returned before its node registered \([0-2] of 3 registered\)",
+    ):
+        tfonspark.run(
+            FakeSparkContext(), wait_for_feed, {}, 3, reservation_timeout=120, launcher=_OneWithoutTfonspark(False)
+        )
+    assert time.monotonic() - started < 10  # not reservation_timeout, nor a 15 s wait for stopped nodes
 
 
 def test_a_typed_error_in_the_node_job_arrives_as_itself():

@@ -26,7 +26,7 @@ from ...errors import ExecutorEnvironmentError, NodeFailed, ReservationTimeout
 from ...executor.feeder import FeedTarget
 from ...wire.errors import reraise, summary
 from ...wire.events import NodeEvent, ServerRestarted
-from .launcher import Launcher, LaunchHandle, LocalLauncher
+from .launcher import Launcher, LaunchHandle, LocalLauncher, ended_tasks
 from .node_events import ServerRestart
 from .rendezvous import NodeState, RendezvousServer
 from .roles import DATA_ROLES, NodeRole
@@ -37,6 +37,7 @@ __all__ = ["KEEP_SERVER_RESTARTS", "SPARK_SETTINGS", "Gang", "LiveNodes", "Serve
 log = logging.getLogger(__name__)
 _TAIL_LINES = 40
 _SETTLE_SECS = 1.0  # how long other nodes get to report their own failure
+_ENDED_POLL_SECS = 1.0  # how often the reservation asks whether a node task has already returned
 SPARK_SETTINGS = (
     "spark.executor.instances, spark.executor.cores, spark.cores.max, spark.task.cpus (or the N in local[N])"
 )
@@ -247,7 +248,7 @@ class Gang:
         self._launches.append(self.launcher.launch(self.config, payload, on_spark, self.server.notify))
         timeout = self.config.reservation_timeout
         started = time.monotonic()
-        self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout)
+        self._await("reservation", lambda nodes: all(n.address for n in nodes), timeout, watch_tasks=True)
         registered = time.monotonic()
         self._await("start-up", lambda nodes: all(n.up or n.finished for n in nodes), timeout)
         self.phases = (registered - started, time.monotonic() - registered)
@@ -259,10 +260,45 @@ class Gang:
     def _launch_error(self) -> BaseException | None:
         return next((h.error for h in self._launches if h.done.is_set() and h.error is not None), None)
 
-    def _await(self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float) -> None:
-        ok = self.server.wait_for(lambda nodes: predicate(nodes) or self._launch_error() is not None, timeout)
+    def _ended_early(self) -> int:
+        """Node tasks that have returned already: while the nodes are being reserved none may
+        (a task runs until its node is up, or until it exits), so each one's node will not come."""
+        return sum(ended_tasks(launch) for launch in self._launches)
+
+    def _wait(self, done: Callable[[Iterable[NodeState]], bool], timeout: float, watch_tasks: bool) -> tuple[bool, int]:
+        """Wait until ``done(nodes)``, a node failure or ``timeout``; with ``watch_tasks`` also
+        until a node task has returned early (polled each second). (held, early tasks)."""
+        if not watch_tasks:
+            return self.server.wait_for(done, timeout), 0
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            ok = self.server.wait_for(done, max(0.0, min(left, _ENDED_POLL_SECS)))
+            if ok or left <= _ENDED_POLL_SECS or self.server.failures() or self.server.closed:
+                return ok, 0
+            early = self._ended_early()
+            if early and not done(self.server.nodes.values()):
+                return False, early
+
+    def _await(
+        self, what: str, predicate: Callable[[Iterable[NodeState]], bool], timeout: float, watch_tasks: bool = False
+    ) -> None:
+        ok, early = self._wait(lambda nodes: predicate(nodes) or self._launch_error() is not None, timeout, watch_tasks)
         self.check()
         error = self._launch_error()
+        if early and error is None:
+            # stop the nodes that came: their tasks return too, and the node job's results say
+            # why the others did not (an executor without tfonspark: ExecutorEnvironmentError)
+            registered = self.server.registered()
+            self.teardown(grace_secs=0)
+            error = self._launch_error()
+            if error is None:
+                raise NodeFailed(
+                    f"{what}: {early} Spark node task{'s' if early != 1 else ''} returned before "
+                    f"{'their nodes' if early != 1 else 'its node'} registered ({registered} of "
+                    f"{len(self.roles)} registered), so the cluster cannot form; see the executors' logs "
+                    "for why (a task runs until its node is up or has exited)."
+                )
         if error is not None and not predicate(self.server.nodes.values()):
             self.teardown(grace_secs=0)
             if isinstance(error, ExecutorEnvironmentError):  # found on the driver: says it all already

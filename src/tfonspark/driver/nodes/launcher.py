@@ -19,11 +19,16 @@ from ...wire.errors import captured
 from ..jobs import BackgroundJob
 from . import environment
 
-__all__ = ["LaunchHandle", "Launcher", "LocalLauncher", "SparkLauncher"]
+__all__ = ["LaunchHandle", "Launcher", "LocalLauncher", "SparkLauncher", "ended_tasks"]
 
 
 class LaunchHandle(Protocol):
-    """A running launch: ``done`` is set when every node task returned, ``error`` if one failed."""
+    """A running launch: ``done`` is set when every node task returned, ``error`` if one failed.
+
+    A handle may also have ``ended_tasks() -> int``, how many of its node tasks have returned so
+    far (:func:`ended_tasks`): one that returns while the nodes are still being reserved never
+    registered its node, e.g. a preflight report of an executor without tfonspark.
+    """
 
     done: threading.Event
     error: BaseException | None
@@ -31,6 +36,17 @@ class LaunchHandle(Protocol):
     def cancel(self) -> None: ...
 
     def join(self, timeout: float | None = None) -> bool: ...
+
+
+def ended_tasks(handle: LaunchHandle) -> int:
+    """How many of a launch's node tasks have returned so far (0 where the handle cannot say)."""
+    count = getattr(handle, "ended_tasks", None)
+    if not callable(count):
+        return 0
+    try:
+        return int(count())
+    except Exception:  # noqa: BLE001 (a launch that cannot count says nothing)
+        return 0
 
 
 class Launcher(Protocol):
@@ -102,7 +118,7 @@ class _LocalLaunch:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._on_done = on_done
-        self._pending = len(executor_ids)
+        self._pending = self._total = len(executor_ids)
         self._lock = threading.Lock()
         for executor_id in executor_ids:
             args = (config, executor_id, payload, wait_for_exit)
@@ -128,6 +144,11 @@ class _LocalLaunch:
 
     def cancel(self) -> None:
         """Nothing to cancel: the supervisors are stopped through the rendezvous server."""
+
+    def ended_tasks(self) -> int:
+        """The nodes whose supervisor has returned so far."""
+        with self._lock:
+            return self._total - self._pending
 
     def join(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)

@@ -490,6 +490,13 @@ class RendezvousServer:
             return
         with contextlib.suppress(OSError):
             m.send_message(node.conn, m.Stop(grace_secs, final))
+        with self._cond:
+            if self.cluster_spec is None and not node.finished:
+                # registered, waiting for a cluster that will not form: it has no TF process to
+                # stop, and its supervisor exits on the Stop (nothing more comes on its connection)
+                node.exit = m.NodeExit(node.role.executor_id, 0, stopped=True)
+                node.finished_at = time.time()
+                self._cond.notify_all()
 
     def take_events(self) -> list[tuple[NodeState, ev.NodeEvent]]:
         """The events nodes reported since the last call, oldest first; the server keeps none of them.
