@@ -41,8 +41,9 @@ def test_a_killed_worker_restarts_in_place_and_a_killed_ps_fails_the_block(tmp_p
     assert [(s["node"], s["restart"], s["exit_code"], s["accepting"]) for s in r["server_restarts"]] == [
         ("worker:1", 1, -9, True)
     ]
-    # the ps: TF's error in the block within 10 s, then NodeFailed naming ps:0, chained from it
-    assert 0 < ps["error_s"] < 10 and ps["type"] == "UnavailableError", ps
+    # the ps: TF's error in the block within seconds (its gRPC retries: 3.7 s on an idle machine,
+    # 10.2 s once at load 11 with 3 test processes), then NodeFailed naming ps:0, chained from it
+    assert 0 < ps["error_s"] < 20 and ps["type"] == "UnavailableError", ps
     assert (left["role"], left["index"], left["cause"]) == ("ps", 0, "UnavailableError"), left
     assert "ps:0" in left["message"] and "SIGKILL" in left["message"], left
     assert not any(r["after_block"]["accepting"].values()), r["after_block"]
