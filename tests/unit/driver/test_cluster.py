@@ -112,25 +112,27 @@ def test_nodes_that_never_register_time_out_the_reservation():
 
 
 class _OneWithoutTfonspark:
-    """Every node but the last starts (LocalLauncher); the last one's task returns at once, as a
-    preflight report does on an executor without tfonspark. Like a Spark node job, the launch
-    ends, with the job's ExecutorEnvironmentError, only once the other nodes' tasks returned."""
+    """Every node but the last starts (LocalLauncher), ``delay`` seconds late; the last one's task
+    returns at once, as a preflight report does on an executor without tfonspark. Like a Spark
+    node job, the launch ends, with the job's ExecutorEnvironmentError, only once the other
+    nodes' tasks returned."""
 
-    def __init__(self, report: bool) -> None:
-        self.report = report
+    def __init__(self, report: bool, delay: float = 0.0) -> None:
+        self.report, self.delay = report, delay
 
     def launch(self, config: NodeConfig, payload: bytes, executor_ids: list[int], on_done):
-        return _PartialHandle(
-            LocalLauncher().launch(config, payload, executor_ids[:-1], lambda: None), self.report, on_done
-        )
+        start = lambda: LocalLauncher().launch(config, payload, executor_ids[:-1], lambda: None)  # noqa: E731
+        return _PartialHandle(start, self.delay, self.report, on_done)
 
 
 class _PartialHandle:
-    def __init__(self, started, report: bool, on_done) -> None:
-        self.started, self.report, self.done = started, report, threading.Event()
+    def __init__(self, start, delay: float, report: bool, on_done) -> None:
+        self.started, self.done = None, threading.Event()
         self.error: BaseException | None = None
 
         def finish() -> None:
+            time.sleep(delay)
+            self.started = started = start()
             started.join()
             self.error = started.error  # a node task that raised fails the job (a stopped one must not)
             if report and self.error is None:  # what environment.check raises from the job's results
@@ -141,7 +143,7 @@ class _PartialHandle:
         threading.Thread(target=finish, daemon=True).start()
 
     def ended_tasks(self) -> int:
-        return self.started.ended_tasks() + 1
+        return (self.started.ended_tasks() if self.started is not None else 0) + 1
 
     def cancel(self) -> None:
         pass
@@ -154,10 +156,15 @@ def wait_for_feed(args: dict, ctx) -> None:
     ctx.get_data_feed().next_batch(1)
 
 
-@pytest.mark.parametrize("input_mode", [tfonspark.InputMode.SPARK, tfonspark.InputMode.TENSORFLOW])
-def test_a_node_task_that_returns_during_the_reservation_ends_it_with_the_jobs_error(input_mode):
+@pytest.mark.parametrize(
+    ("input_mode", "delay"),
+    [(tfonspark.InputMode.SPARK, 0.0), (tfonspark.InputMode.TENSORFLOW, 0.0), (tfonspark.InputMode.SPARK, 2.0)],
+)
+def test_a_node_task_that_returns_during_the_reservation_ends_it_with_the_jobs_error(input_mode, delay):
     """Not after reservation_timeout: the nodes that came are stopped, and the job's own error
-    (an executor without tfonspark) is raised within seconds."""
+    (an executor without tfonspark) is raised within seconds. With ``delay`` the other nodes'
+    supervisors start after the early task was seen: registering during the teardown, they are
+    told to stop, and do not hold the node job until it is cancelled."""
     fun = wait_for_feed if input_mode == tfonspark.InputMode.SPARK else serve_until_stopped
     started = time.monotonic()
     with pytest.raises(ExecutorEnvironmentError, match="cannot be imported"):
@@ -168,7 +175,7 @@ def test_a_node_task_that_returns_during_the_reservation_ends_it_with_the_jobs_e
             3,
             input_mode=input_mode,
             reservation_timeout=120,
-            launcher=_OneWithoutTfonspark(report=True),
+            launcher=_OneWithoutTfonspark(report=True, delay=delay),
         )
     assert time.monotonic() - started < 10  # not reservation_timeout, nor a 15 s wait for stopped nodes
 

@@ -479,6 +479,7 @@ class Gang:
         if self.closed:
             return
         self.closed = True
+        self.server.wind_down()  # a supervisor that registers from now on is told to stop
         for node in self.server.nodes.values():
             self.server.stop_node(node, grace_secs, final)
         self.server.wait_for(lambda nodes: all(n.finished or not n.address for n in nodes), grace_secs + 15)

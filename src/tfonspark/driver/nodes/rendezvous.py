@@ -185,6 +185,7 @@ class RendezvousServer:
         self._ready: set[int] = set()  # executor ids sent ClusterReady: they get heartbeats
         self._cond = threading.Condition()
         self._closed = False
+        self._winding_down = False  # torn down: a supervisor registering now is told to stop
         self.stop_reason = ""  # set by request_stop(): why the cluster's streams should stop
         self._stopping = threading.Event()
         self.ledger = FeedLedger()  # which node delivered each training partition, for all nodes
@@ -271,6 +272,11 @@ class RendezvousServer:
 
     def _register(self, conn: Connection, msg: m.Register) -> NodeState | None:
         """Record a registration, wait for the whole cluster, then send it the spec."""
+        with self._cond:
+            winding_down = self._winding_down
+        if winding_down:  # a late supervisor of a gang being torn down: it exits as stopped
+            m.send_message(conn, m.Stop(0.0, True))
+            return None
         with self._cond:
             node = self.nodes.get(msg.executor_id)
             reason = self._refusal(msg, node) or ("" if node is not None else "unknown executor id")
@@ -527,6 +533,13 @@ class RendezvousServer:
         """
         with self._cond:
             return dict(self._marks.get(feed_id, {}))
+
+    def wind_down(self) -> None:
+        """The gang is being torn down: a supervisor that registers from now on (one that started
+        late) gets ``Stop`` instead of waiting for a cluster that will not form, so its Spark task
+        returns at once rather than holding the node job until it is cancelled."""
+        with self._cond:
+            self._winding_down = True
 
     def close(self) -> None:
         """Stop serving: close every connection, release every waiter, stop the heartbeats."""
