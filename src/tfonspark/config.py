@@ -21,10 +21,10 @@ from enum import IntEnum
 from . import settings
 from .errors import ConfigError
 
-__all__ = ["InputMode", "NodeConfig"]
+__all__ = ["InputMode", "NodeConfig", "this_version"]
 
 
-def _this_version() -> str:
+def this_version() -> str:
     """This tfonspark's ``__version__`` (its package, loaded before any of its modules is)."""
     return str(getattr(sys.modules.get(__name__.rpartition(".")[0]), "__version__", ""))
 
@@ -69,7 +69,7 @@ class NodeConfig(settings.NodeSettings):
     # replace those only); None: not known (a config made by hand), compare with the default
     defaulted: tuple[str, ...] | None = None
     # the driver's tfonspark: a node task refuses another one on its executor (executor/preflight.py)
-    version: str = field(default_factory=_this_version)
+    version: str = field(default_factory=this_version)
 
     def __post_init__(self) -> None:
         if self.input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):

@@ -29,7 +29,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import tfonspark
-from tfonspark import InputMode
+from tfonspark import InputMode, TFParallel
 from tfonspark.demo import spark_context
 from tfonspark.testing.spark import wait_for_executors
 
@@ -85,12 +85,16 @@ def idle(_, ctx):
     """A node that is never started: its executors cannot run it."""
 
 
-def _failure(sc, out: dict, key: str) -> None:
-    """Start a cluster that must fail at once; its error's class, text, attributes and seconds."""
+def _failure(sc, out: dict, key: str, parallel: bool = False) -> None:
+    """Start a cluster (``parallel``: TFParallel's instances, in a barrier stage) that must fail at
+    once; its error's class, text, attributes and seconds."""
     started = time.monotonic()
     try:
-        cluster = tfonspark.run(sc, idle, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
-        cluster.shutdown(timeout=60)
+        if parallel:
+            TFParallel.run(sc, idle, None, 2, use_barrier=True, reservation_timeout=120)
+        else:
+            cluster = tfonspark.run(sc, idle, None, 2, input_mode=InputMode.SPARK, reservation_timeout=120)
+            cluster.shutdown(timeout=60)
         out[key] = {"error": "", "type": "", "seconds": time.monotonic() - started}
     except Exception as err:
         out[key] = {
@@ -128,6 +132,7 @@ def main() -> int:
             _failure(sc, out, "mismatch")
         elif mode == "missing":
             _failure(sc, out, "missing")
+            _failure(sc, out, "parallel", parallel=True)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
     finally:

@@ -216,3 +216,9 @@ def test_one_host_whose_python_lacks_tfonspark_fails_at_once_naming_it(hosts, sh
     assert "--archives env.tar.gz#env" in text and "install tfonspark" in text, text
     assert missing["attrs"]["python"] == without and missing["attrs"]["executor_version"] == "", missing
     assert missing["attrs"]["host"] == bad_host and bad_host in {h.name for h in hosts.workers}, missing
+    # TFParallel's instances, in a barrier stage: the one that cannot start still takes part in the
+    # barrier (the other is not left in it), and the job's error is the same
+    parallel = _outcome(done, tmp_path)["parallel"]
+    print(f"TFParallel there: {parallel['type']} after {parallel['seconds']:.1f}s")
+    assert parallel["type"] == "ExecutorEnvironmentError" and parallel["seconds"] < 30, parallel
+    assert f"ran '{without}'" in parallel["error"] and parallel["attrs"]["host"] == bad_host, parallel

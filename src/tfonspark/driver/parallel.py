@@ -6,7 +6,10 @@ instead of a barrier stage that waits forever. GPUs are given as for cluster nod
 (:mod:`tfonspark.executor.gpus`: the task's Spark GPUs, else nvidia-smi's free ones, narrowed
 by ``tf_args.num_gpus``) through ``CUDA_VISIBLE_DEVICES``, which is restored after ``map_fn``:
 the Spark Python worker runs other tasks afterwards. As in TFoS, it only takes effect if
-TensorFlow was not yet initialised in that worker.
+TensorFlow was not yet initialised in that worker. Each task first checks its executor's
+tfonspark, as a node task does (:mod:`tfonspark.executor.preflight`): an executor Python without
+it, or with another version, is an ``ExecutorEnvironmentError`` naming that Python, not Spark's
+retries of a failing unpickle.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..config import this_version
 from ..errors import ConfigError
 from ..executor.gpus import assign, cuda_env, requested_gpus, spark_addresses
+from ..executor.preflight import guarded
 from ..fs import default_fs as fs_default
 from ..tfprocess.context import NodeContext
 from ..tfprocess.hints import hint_for
 from .jobs import wait_for_slots
+from .nodes import environment
 
 __all__ = ["run"]
 
@@ -52,7 +58,8 @@ def run(
     default_fs = fs_default(sc)
     num_gpus = requested_gpus(tf_args)  # on the driver: unpickling tf_args on an executor may import TF
 
-    def _run(index: int, _: Iterator[Any]) -> Iterator[Any]:
+    def _run(items: Iterator[Any]) -> Iterator[Any]:
+        index = next(iter(items))  # partition i of parallelize(range(n), n) holds i
         hosts: list[str] = []
         if use_barrier:
             from pyspark import BarrierTaskContext
@@ -64,8 +71,14 @@ def run(
         with _cuda_environment(gpus):
             yield _call(map_fn, tf_args, index, num_executors, default_fs, gpus)
 
+    from pyspark import cloudpickle
+
+    version = this_version()
+    # the executor checks its tfonspark before it unpickles the instances (executor/preflight.py)
+    task = guarded(cloudpickle.dumps(_run), version, barrier=use_barrier)  # type: ignore[no-untyped-call]
     rdd = sc.parallelize(range(num_executors), num_executors)
-    results: list[Any] = (rdd.barrier() if use_barrier else rdd).mapPartitionsWithIndex(_run).collect()
+    results: list[Any] = (rdd.barrier() if use_barrier else rdd).mapPartitions(task).collect()
+    environment.check(results, sc, version)  # an executor Python without tfonspark, or another one
     return results
 
 

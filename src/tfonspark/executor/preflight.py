@@ -30,17 +30,27 @@ REPORT = "tfonspark-executor-environment"
 """The key that marks a preflight report among a node job's results."""
 
 
-def guarded(task_pickle: bytes, driver_version: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def guarded(task_pickle: bytes, driver_version: str, barrier: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A ``mapPartitions`` function: check this executor's tfonspark, then run the pickled task.
 
-    ``task_pickle`` is the real node task, pickled on the driver (cloudpickle); ``driver_version``
-    the driver's ``tfonspark.__version__`` (``""``: not known, not compared). Yields the task's
-    results, or one report dict (``{REPORT: problem, "python": sys.executable, ...}``) instead of
-    running it where ``import tfonspark`` fails (problem ``"missing"``) or finds another version
-    (``"version"``).
+    ``task_pickle`` is the real task (a node task, TFParallel's instances), pickled on the driver
+    (cloudpickle); ``driver_version`` the driver's ``tfonspark.__version__`` (``""``: not known,
+    not compared). Yields the task's results, or one report dict (``{REPORT: problem, "python":
+    sys.executable, ...}``) instead of running it where ``import tfonspark`` fails (problem
+    ``"missing"``) or finds another version (``"version"``). ``barrier``: the task calls
+    ``BarrierTaskContext.barrier()`` once, so a task that reports takes part in that barrier
+    before it returns, and the others are not left waiting in it.
     """
     key = REPORT  # closure cells, not globals: the closure travels without this module
     package = __name__.partition(".")[0]  # "tfonspark", imported by name: no import of the package here
+    in_barrier = barrier
+
+    def report(problem: dict[str, Any]) -> dict[str, Any]:
+        if in_barrier:
+            from pyspark import BarrierTaskContext
+
+            BarrierTaskContext.get().barrier()
+        return problem
 
     def preflight(items: Iterator[Any]) -> Iterator[Any]:
         import importlib
@@ -59,12 +69,12 @@ def guarded(task_pickle: bytes, driver_version: str) -> Callable[[Iterator[Any]]
         try:
             tfonspark = importlib.import_module(package)
         except Exception as exc:  # ModuleNotFoundError, or an install broken on import
-            yield {key: "missing", **where, "error": f"{type(exc).__name__}: {exc}"}
+            yield report({key: "missing", **where, "error": f"{type(exc).__name__}: {exc}"})
             return
         found = str(getattr(tfonspark, "__version__", ""))
         if driver_version and found != driver_version:
             location = os.path.dirname(str(getattr(tfonspark, "__file__", "") or ""))
-            yield {key: "version", **where, "executor_version": found, "location": location}
+            yield report({key: "version", **where, "executor_version": found, "location": location})
             return
         yield from pickle.loads(task_pickle)(items)
 
