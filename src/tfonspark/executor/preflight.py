@@ -43,10 +43,9 @@ def guarded(task_pickle: bytes, driver_version: str, barrier: bool = False) -> C
     """
     key = REPORT  # closure cells, not globals: the closure travels without this module
     package = __name__.partition(".")[0]  # "tfonspark", imported by name: no import of the package here
-    in_barrier = barrier
 
     def report(problem: dict[str, Any]) -> dict[str, Any]:
-        if in_barrier:
+        if barrier:
             from pyspark import BarrierTaskContext
 
             BarrierTaskContext.get().barrier()
