@@ -39,6 +39,20 @@ def node_processes(clusters: list[str] | None = None) -> list[psutil.Process]:
     return found
 
 
+def supervisor_of(cluster, tf_pid: int) -> psutil.Process:
+    """The supervisor of ``cluster``'s TF process ``tf_pid``: found by its command line
+    (``--executor N --cluster ID``), since a TF process forked from the executor's fork server
+    (``executor/forkserver.py``) is not its supervisor's child."""
+    nodes = cluster._attempts.gang.server.nodes.values()  # a Cluster's, a serving cluster's alike
+    node = next(n for n in nodes if n.up is not None and n.up.tf_pid == tf_pid)
+    marks = ("tfonspark.executor.supervisor", f"--executor {node.role.executor_id}", cluster.cluster_id[:12])
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if all(mark in cmd for mark in marks):
+            return proc
+    raise LookupError(f"no supervisor of TF process {tf_pid} ({node.role})")
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
     """:func:`tests.waiting.wait_until`, asking less often: these predicates scan processes and ports."""
     return waiting.wait_until(predicate, timeout, interval)

@@ -165,11 +165,25 @@ def main(job: Job, ctx: Any) -> None:
     ctx.report(done)
 
 
+def _executor_of(proc: Any) -> Any:
+    """The Spark executor JVM of TF process ``proc``: an ancestor where it was spawned; where it
+    was forked, the executor its fork server serves (``forkserver PATH EXECUTOR_PID ...``)."""
+    import psutil
+
+    for parent in proc.parents():
+        cmdline = parent.cmdline()
+        if "CoarseGrainedExecutorBackend" in " ".join(cmdline):
+            return parent
+        if "tfonspark.executor.forkserver" in cmdline:
+            return psutil.Process(int(cmdline[cmdline.index("tfonspark.executor.forkserver") + 2]))
+    raise RuntimeError(f"no Spark executor above TF process {proc.pid}")
+
+
 def _is_spare() -> bool:
     """Whether this process started as a spare (``python -c WARM_CODE``), not ``-m ...entry``."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
-            return b"runpy.run_module" in f.read()
+            return b"await_bootstrap" in f.read()
     except OSError:
         return False
 
@@ -329,7 +343,7 @@ class Chaos:
             raise RuntimeError(f"pid {pid} is not a TF process: {proc.cmdline()}")
         kind = "tf"
         if self.target == "executor":
-            proc = next(p for p in proc.parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()))
+            proc = _executor_of(proc)
             kind = "executor-jvm"
         self.killed.append(f"{kind} {proc.pid}")
         self.killed_at = time.time()

@@ -23,7 +23,7 @@ from tests.waiting import wait_until
 from tfonspark.errors import NodeFailed
 from tfonspark.tfprocess.data_worker import split_address
 
-from .conftest import node_processes
+from .conftest import node_processes, supervisor_of
 
 tf = pytest.importorskip("tensorflow")
 M = 1500  # elements per worker (parallel_epochs: each worker produces all of them)
@@ -54,6 +54,11 @@ class _Reader(threading.Thread):
             self.error = error
 
 
+def _has_standby(supervisor) -> bool:
+    """Whether ``supervisor`` keeps a standby: a warm TF process (``python -c WARM_CODE``) of its own."""
+    return any("-c" in child.cmdline() for child in supervisor.children())
+
+
 def test_killed_worker_restarts_in_place_and_the_job_goes_on(sc, tmp_path):
     work_dir = str(tmp_path / "dispatcher")
     service = tfonspark.data_service(sc, 2, work_dir=work_dir, heartbeat_interval_ms=500, reservation_timeout=120)
@@ -65,7 +70,8 @@ def test_killed_worker_restarts_in_place_and_the_job_goes_on(sc, tmp_path):
         assert wait_until(lambda: len(reader.got) >= KILL_AFTER or not reader.is_alive(), 60)
         victim = _listener(svc.worker_addresses[1])
         # the supervisor keeps a standby TF process ready once the server serves: wait for it
-        assert wait_until(lambda: len(victim.parent().children()) >= 2, 60), "no standby TF process"
+        supervisor = supervisor_of(svc.cluster, victim.pid)
+        assert wait_until(lambda: _has_standby(supervisor), 60), "no standby TF process"
         victim.send_signal(signal.SIGKILL)
         killed, before = time.monotonic(), len(reader.got)
         reader.join(60)
@@ -105,7 +111,7 @@ def _lost_for_good(svc) -> float:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert wait_until(lambda: len(seen) >= 50 or not reader.is_alive(), 60), f"{len(seen)} elements read: {outcome}"
-    supervisor = _listener(svc.worker_addresses[0]).parent()
+    supervisor = supervisor_of(svc.cluster, _listener(svc.worker_addresses[0]).pid)
     assert supervisor is not None and "tfonspark.executor.supervisor" in " ".join(supervisor.cmdline())
     supervisor.send_signal(signal.SIGKILL)
     killed, before = time.monotonic(), len(seen)
@@ -140,7 +146,8 @@ def test_distributed_epoch_across_a_restart_measured(sc):
     with tfonspark.data_service(sc, 2, heartbeat_interval_ms=500, reservation_timeout=120) as svc:
         for trial, index in enumerate((1, 0)):
             victim = _listener(svc.worker_addresses[index])
-            assert wait_until(lambda v=victim: len(v.parent().children()) >= 2, 90), "no standby TF process"
+            sup = supervisor_of(svc.cluster, victim.pid)
+            assert wait_until(lambda s=sup: _has_standby(s), 90), "no standby TF process"
             ds = svc.distribute(tf.data.Dataset.range(M * 2), job_name=f"epoch-{trial}", max_outstanding_requests=2)
             reader = _Reader(ds)
             reader.start()

@@ -13,7 +13,7 @@ import tfonspark
 from tfonspark import InputMode
 from tfonspark.errors import NodeFailed
 
-from .conftest import by_value, feed_socket_dirs, node_processes, wait_until
+from .conftest import by_value, feed_socket_dirs, node_processes, supervisor_of, wait_until
 
 by_value(__name__)
 
@@ -68,8 +68,7 @@ def test_sigkilled_supervisor_takes_its_tf_process_and_socket_along(sc, no_lefto
         assert up.tensorboard_url and "0.0.0.0" not in up.tensorboard_url
         assert up.data_host not in ("", "0.0.0.0", "::")
         tf_process = psutil.Process(up.tf_pid)
-        supervisor = tf_process.parent()
-        assert supervisor is not None
+        supervisor = supervisor_of(cluster, up.tf_pid)
         assert "tfonspark.executor.supervisor" in " ".join(supervisor.cmdline())
         assert f"--executor {victim.role.executor_id}" in " ".join(supervisor.cmdline())
         assert cluster.cluster_id[:12] in " ".join(supervisor.cmdline())

@@ -43,6 +43,7 @@ VALUES = {
     "epoch_end_timeout": (30, "45", 45.0),
     "stream_stop_timeout": (20, "7.5", 7.5),
     "spare_processes": (False, "OFF", False),
+    "fork_server": (False, "off", False),
 }
 
 

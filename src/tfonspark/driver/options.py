@@ -63,6 +63,7 @@ class SettingKeywords(TypedDict, total=False):
     epoch_end_timeout: float | None
     stream_stop_timeout: float | None
     spare_processes: bool | str | None
+    fork_server: bool | str | None
 
 
 class RunOptions(SettingKeywords, total=False):

@@ -69,6 +69,9 @@ __all__ = [
     "Spares",
     "adopt",
     "env_digest",
+    "listen_unix",
+    "peer_uid",
+    "spare_dirs",
     "spare_paths",
 ]
 
@@ -88,8 +91,8 @@ log = logging.getLogger(__name__)
 def spare_paths(cluster_id: str, executor_key: str, node: int) -> list[str]:
     """Where a keeper for ``node`` (the supervisor's executor id) listens on this executor, first
     (the first is where a new keeper listens); then those of the cluster's other nodes here now
-    (the node may have run on another executor). Only in directories of this user (:func:`_spare_dirs`)."""
-    dirs = _spare_dirs()
+    (the node may have run on another executor). Only in directories of this user (:func:`spare_dirs`)."""
+    dirs = spare_dirs()
     name = f"{cluster_id[:12]}-{executor_key[:16]}-"
     own = [os.path.join(d, f"{name}{node}.sock") for d in dirs]
     found = (glob.glob(os.path.join(glob.escape(d), f"{glob.escape(name)}*.sock")) for d in dirs)
@@ -97,7 +100,7 @@ def spare_paths(cluster_id: str, executor_key: str, node: int) -> list[str]:
     return [*own, *others]
 
 
-def _spare_dirs() -> list[str]:
+def spare_dirs() -> list[str]:
     """The directories where this user's keepers listen, private to it (0700, its own, no link).
 
     ``$TMPDIR/tfos-spares-UID`` first, made if absent. ``$TMPDIR`` is usually ``/tmp``, where
@@ -249,10 +252,12 @@ class Keeper:
 @dataclass
 class Kept:
     """An adopted spare's exit, as its keeper reports it on ``conn`` (a ``warm.Exit``): the
-    keeper stays its parent, so a spare killed by a signal is reported as such."""
+    keeper stays its parent, so a spare killed by a signal is reported as such. A forked TF
+    process's exit too, as its fork server (``keeper``) reports it (:mod:`.forkserver`)."""
 
     pid: int
     conn: socket.socket
+    keeper: str = "keeper"
     returncode: int | None = None
     ended: threading.Event = field(default_factory=threading.Event)
     discarded: bool = False
@@ -270,7 +275,7 @@ class Kept:
             self.returncode = int(json.loads(data)["code"])
         except (ValueError, KeyError, TypeError):
             if not self.discarded:
-                log.error("tfonspark supervisor: the keeper of spare TF process %d is gone; killing it", self.pid)
+                log.error("tfonspark supervisor: the %s of TF process %d is gone; killing it", self.keeper, self.pid)
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
             while process_alive(self.pid):
@@ -345,16 +350,17 @@ def _take(path: str) -> tuple[dict[str, Any], WarmProcess] | None:
 
 
 # ---- the keeper process --------------------------------------------------------------------------
-def _listen(path: str) -> socket.socket:
-    """A Unix socket listening at ``path``, there only once it listens (bound aside, then renamed).
+def listen_unix(path: str, backlog: int = 1) -> socket.socket:
+    """A Unix socket listening at ``path``, there only once it listens (bound aside, then renamed):
+    a keeper's, a fork server's (:mod:`.forkserver`).
 
-    A socket a keeper that died left at ``path`` is replaced; a live keeper's is not (OSError).
+    A socket a process that died left at ``path`` is replaced; a live one's is not (OSError).
     """
     aside = f"{path}.{os.getpid()}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(aside)
-        listener.listen(1)
+        listener.listen(backlog)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             if probe.connect_ex(path) == 0:
                 raise FileExistsError(f"a spare waits at {path} already")
@@ -372,7 +378,7 @@ class _Spare:
 
     def __init__(self, path: str, label: list[str]) -> None:
         self.path = path
-        self.listener = _listen(path)
+        self.listener = listen_unix(path)
         try:
             self.warm = WarmProcess.start(os.environ, label, os.environ.get("TMPDIR", ""))
         except BaseException:
@@ -423,14 +429,14 @@ def _wait_for_adopter(spare: _Spare, wait: float) -> socket.socket | None:
             owner, kept = _owner_says(kept, wait)
         if listening in readable:
             conn, _ = spare.listener.accept()
-            uid = _peer_uid(conn)
+            uid = peer_uid(conn)
             if uid == os.getuid():
                 return conn
             conn.close()
     return None
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return int.from_bytes(creds[4:8], sys.byteorder)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
+import logging
 import os
 import signal
 import socket
@@ -36,12 +37,13 @@ from collections.abc import Mapping
 
 from ..config import NodeConfig
 from ..errors import ConfigError
-from ..host import executor_key, local_ip_towards, process_alive, remove_scratch
+from ..host import executor_key, local_ip_towards, make_scratch, process_alive, remove_scratch
 from ..ports import reserve_port
 from ..wire import events as ev
 from ..wire import messages as m
 from ..wire.bootstrap import read_bootstrap
 from ..wire.framing import Connection, connect, remove_unix_socket
+from . import forkserver
 from .relay import Relay, task_status, tee
 from .restart_in_place import InPlace, restarts_in_place
 from .spare import Spares
@@ -53,6 +55,8 @@ __all__ = ["TENSORFLOW_PORT", "Life", "Supervisor", "main", "node_port"]
 TAIL_LINES = 60
 CLUSTER_MARGIN_SECS = 60.0  # past reservation_timeout, how long to wait for the cluster
 EXECUTOR_POLL_SECS = 1.0  # how often the supervisor checks that its Spark executor still runs
+
+log = logging.getLogger(__name__)
 
 
 class Life(enum.Enum):
@@ -217,6 +221,12 @@ class Supervisor:
             self.proc, self.scratch = warm, warm.scratch
             self.spawner.wake(warm, ready, host, self.spawner.attempt_env(ready))
             return self._follow(relay, warm, warm.status_r, ready)
+        forked = self._forked(ready, port_sock)
+        if forked is not None:
+            warm, env = forked
+            self.proc, self.scratch = warm, warm.scratch
+            self.spawner.wake(warm, ready, host, env)
+            return self._follow(relay, warm, warm.status_r, ready)
         status_r, status_w = os.pipe()
         try:
             proc, self.scratch = self.spawner.cold(ready, host, port_sock, status_w)
@@ -230,6 +240,34 @@ class Supervisor:
         if port_sock is not self.in_place.held:
             port_sock.close()
         return self._follow(relay, proc, status_r, ready)
+
+    def _forked(self, ready: m.ClusterReady, port_sock: socket.socket) -> tuple[WarmProcess, dict[str, str]] | None:
+        """A TF process forked from this executor's fork server (:mod:`.forkserver`), holding
+        ``port_sock``, and the environment to give it; None where it is to be spawned: the
+        ``fork_server`` setting off, GPUs (CUDA and fork do not mix), outside a Spark executor, or
+        no server answered."""
+        if not self.config.fork_server or self.spawner.gpus or not self.executor_pid:
+            return None
+        if not os.environ.get("SPARK_LOCAL_DIRS"):  # executor_key() would not name the executor
+            return None
+        scratch = make_scratch(self.config.cluster_id)
+        env = self.spawner.env(ready, scratch)
+        warm = None
+        try:
+            warm = forkserver.fork(env, self.spawner.label(ready), scratch, self.executor_pid)
+            if warm is not None:
+                warm.give_port(port_sock)
+        except OSError as exc:
+            log.warning("tfonspark supervisor: cannot fork the TF process: %s; it is spawned", exc)
+            if warm is not None:
+                warm.discard()
+            warm = None
+        if warm is None:
+            remove_scratch(scratch)
+            return None
+        if port_sock is not self.in_place.held:
+            port_sock.close()  # the forked process holds the reservation now
+        return warm, env
 
     def _follow(
         self, relay: Relay, proc: subprocess.Popen[bytes] | WarmProcess, status_r: int, ready: m.ClusterReady

@@ -31,40 +31,52 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Protocol
 
 from ..host import remove_scratch
-from ..ports import send_port
+from ..ports import receive_port, send_port
 
-__all__ = ["WARM_CODE", "Child", "Exit", "WarmProcess"]
+__all__ = ["WARM_CODE", "Child", "Exit", "WarmProcess", "await_bootstrap"]
 
 #: what a warm TF process runs (``python -c WARM_CODE PORT_FD label...``): see the module doc
 WARM_CODE = """\
-import json, os, runpy, sys
+import sys
 import tfonspark.tfimport
 tfonspark.tfimport.prepare_tensorflow_import()
 import tensorflow
 import tfonspark.tfprocess.context, tfonspark.tfprocess.feedserver, tfonspark.tfprocess.hints  # what the entry imports
 from pyspark import cloudpickle
-from tfonspark.host import remove_scratch
-from tfonspark.ports import receive_port
-line = sys.stdin.buffer.readline() if receive_port(int(sys.argv[1])) else b""
-if not line:
-    remove_scratch(os.environ.get("TMPDIR", ""))
-    sys.exit(0)
-os.environ.update(json.loads(line))
-try:
-    runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)
-except BaseException:
-    remove_scratch(os.environ.get("TMPDIR", ""))
-    raise
+from tfonspark.executor.warm import await_bootstrap
+sys.exit(await_bootstrap(int(sys.argv[1])))
 """
+
+
+def await_bootstrap(port_fd: int) -> int:
+    """A warm TF process's wait and run (``WARM_CODE``'s, and a forked one's: :mod:`.forkserver`):
+    its port (put at ``port_fd``), its environment line, then the entry, as a cold TF process runs it.
+
+    Returns 0 at EOF instead of either (its scratch dir removed); the entry's own exit otherwise.
+    """
+    line = sys.stdin.buffer.readline() if receive_port(port_fd) else b""
+    if not line:
+        remove_scratch(os.environ.get("TMPDIR", ""))
+        return 0
+    os.environ.update(json.loads(line))
+    tempfile.tempdir = None  # gettempdir() reads the node's TMPDIR, not the one it started with
+    try:
+        runpy.run_module("tfonspark.tfprocess.entry", run_name="__main__", alter_sys=True)
+    except BaseException:
+        remove_scratch(os.environ.get("TMPDIR", ""))
+        raise
+    return 0
 
 
 class Exit(Protocol):

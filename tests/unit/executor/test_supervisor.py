@@ -656,7 +656,7 @@ def _standby(label: str) -> int:
 
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "-c" in cmd and label in cmd and any("runpy" in part for part in cmd):
+        if "-c" in cmd and label in cmd and any("await_bootstrap" in part for part in cmd):
             return proc.pid
     return 0
 
