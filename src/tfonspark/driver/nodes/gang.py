@@ -160,17 +160,34 @@ def collective_timed_out(node: NodeState) -> bool:
     return "DeadlineExceededError" in text and "ollective" in text
 
 
+def aborted_by_peer(node: NodeState) -> bool:
+    """Whether ``node``'s collective was aborted because a peer's connection broke (``Collective
+    ops is aborted by: Socket closed``, ``Error received from peer``): then the peer failed first,
+    even where the driver heard of the peer's end a moment later."""
+    if node.exit is None or node.exit.exit_code < 0:
+        return False
+    text = f"{node.exit.traceback}\n{node.exit.output_tail[-4000:]}"
+    return "Collective ops is aborted by" in text and not collective_timed_out(node)
+
+
 def node_failed(failed: list[NodeState]) -> NodeFailed:
     """The error the driver raises for failed nodes: every one by role, index and output tail.
 
     ``role``/``index``/``exit_code``/``traceback`` describe the first failure: the node the driver
     heard from first (a SIGKILLed worker, not the peer whose collective then broke), then by
-    executor id, and a node whose collective timed out after every other (the peer it waited on
-    is the cause, even where the driver learnt of it later); ``failures`` holds all of them.
+    executor id; a node whose collective a peer aborted comes after the others, and one whose
+    collective timed out after every other (the peer it waited on is the cause, even where the
+    driver learnt of it later); ``failures`` holds all of them.
     """
     ordered = sorted(
         failed,
-        key=lambda n: (collective_timed_out(n), n.finished_at or float("inf"), n.exit is None, n.role.executor_id),
+        key=lambda n: (
+            collective_timed_out(n),
+            aborted_by_peer(n),
+            n.finished_at or float("inf"),
+            n.exit is None,
+            n.role.executor_id,
+        ),
     )
     described = [(n, *_describe_exit(n)) for n in ordered]
     first, how, code, tail = described[0]

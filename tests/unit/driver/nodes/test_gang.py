@@ -399,3 +399,26 @@ def test_a_collective_timeout_with_every_peer_speaking_names_the_node_that_timed
     error, _ = _collective_timeout(gang_of, peer_speaks=True)
     assert (error.role, error.index) == ("worker", 0), str(error)
     assert set(error.failures) == {"worker:0"} and "unreachable" not in str(error)
+
+
+_ABORTED = (
+    "tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: Socket closed\n"
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+    "/tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer"
+)
+
+
+def test_a_node_killed_is_named_before_the_peer_whose_collective_it_aborted_even_heard_later(gang_of):
+    gang, send, _ = gang_of(0)
+    ids = {n.role.name: n.role.executor_id for n in gang.server.nodes.values()}
+    send("ps:0", m.NodeExit(ids["ps:0"], 0, stopped=True))
+    send("worker:0", m.NodeExit(ids["worker:0"], 1, traceback=_ABORTED))  # the driver hears of it first
+    assert wait_until(lambda: gang.server.failures(), 30)
+    time.sleep(0.1)
+    send("worker:1", m.NodeExit(ids["worker:1"], -9))
+    assert wait_until(lambda: len(gang.server.failures()) == 2, 30)
+    with pytest.raises(NodeFailed) as info:
+        gang.check()
+    assert (info.value.role, info.value.index) == ("worker", 1), str(info.value)
+    assert str(info.value).startswith("TensorFlow node worker:1 (executor 2) was killed by signal 9 (SIGKILL)")
+    assert "and 1 more: worker:0 failed with exit code 1" in str(info.value)
