@@ -3,7 +3,7 @@
     python benchmarks/accuracy.py                      # MNIST and Fashion-MNIST, both modes
     python benchmarks/accuracy.py --datasets mnist --epochs 3
 
-For each dataset (idx files under ``../shared/data/{mnist,fashion}`` relative to the repository,
+For each dataset (idx files under ``--mnist`` and ``--fashion``,
 or ``--mnist`` / ``--fashion``) it trains the demo CNN (:func:`tfonspark.demo.build_model`)
 
 * in this process with plain Keras ``model.fit`` (same global batch, epochs and learning-rate
@@ -38,9 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import HELP, default_data  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "mnist"
-DATA_ROOT = REPO.parent / "shared" / "data"
 MIN_ACCURACY = {"mnist": 0.990, "fashion": 0.900}
 MAX_GAP_POINTS = 0.3
 MODES = {"tensorflow": "mnist_tf.py", "spark": "mnist_spark.py"}
@@ -62,8 +64,8 @@ class Result:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mnist", default=str(DATA_ROOT / "mnist"), help="MNIST idx directory")
-    parser.add_argument("--fashion", default=str(DATA_ROOT / "fashion"), help="Fashion-MNIST idx directory")
+    parser.add_argument("--mnist", default=default_data("mnist"), help=f"MNIST idx directory ({HELP})")
+    parser.add_argument("--fashion", default=default_data("fashion"), help=f"Fashion-MNIST idx directory ({HELP})")
     parser.add_argument("--datasets", default="mnist,fashion", help="comma-separated: mnist, fashion (default: both)")
     parser.add_argument(
         "--modes", default="tensorflow,spark", help="comma-separated cluster runs: tensorflow, spark (default: both)"

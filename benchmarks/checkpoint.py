@@ -4,8 +4,7 @@
     python benchmarks/checkpoint.py --steps 1000 --every 50 --reps 5 --model-dir /mnt/nfs/tmp
 
 Both variants run ``tfonspark.keras.fit`` on the demo CNN (:func:`tfonspark.demo.build_model`,
-Adam, global batch 128) over real MNIST (``--data``, else ``$TFONSPARK_DATA``, else
-``../shared/data/mnist`` relative to the repository), one epoch of ``--warmup + --steps + 1``
+Adam, global batch 128) over real MNIST (``--data``, else ``$TFONSPARK_DATA``), one epoch of ``--warmup + --steps + 1``
 steps, under the process's one-worker ``MultiWorkerMirroredStrategy``:
 
 * ``none``: no ``model_dir``, no checkpoints;
@@ -53,6 +52,9 @@ import tfonspark.keras as tfk
 from tfonspark.demo import build_model
 from tfonspark.demo.datasets import load_mnist
 from tfonspark.distribute import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import HELP, default_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 0.05
@@ -215,7 +217,6 @@ def _load() -> str:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     from tfonspark.keras import DEFAULT_CHECKPOINT_EVERY_STEPS
 
-    default_data = os.environ.get("TFONSPARK_DATA") or str(REPO.parent / "shared" / "data" / "mnist")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="timed training steps per run (default 300)")
     parser.add_argument(
@@ -226,7 +227,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--reps", type=int, default=6, help="runs of each variant (default 6)")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
-    parser.add_argument("--data", default=default_data, help="directory of the MNIST idx files")
+    parser.add_argument("--data", default=default_data(), help=f"directory of the MNIST idx files ({HELP})")
     parser.add_argument(
         "--after", type=int, default=5, help="steps after each save counted as its cost in the in-run overhead (5)"
     )

@@ -3,8 +3,7 @@
     python benchmarks/data_service.py            # 20,000 augmented MNIST images per variant
     python benchmarks/data_service.py --quick    # smoke run: 2,000 images, workers 1
 
-A CPU-heavy input pipeline: the MNIST training images (``../shared/data/mnist`` relative to the
-repository, or ``--data``), read from a raw file of 785-byte records (label, 28x28 pixels),
+A CPU-heavy input pipeline: the MNIST training images (``--data``), read from a raw file of 785-byte records (label, 28x28 pixels),
 each image augmented with TF ops costing about 1 ms of CPU (upscale to 56x56, random crop,
 flip, brightness and contrast, a 5x5 blur ``--blur`` times, back to 28x28), batched by
 ``--batch-size``. One consumer reads ``--elements`` images, doing no work of its own, in turn:
@@ -33,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fresh_spark, load_average, markdown_table, stop_spark  # noqa: E402
+from _data import HELP, default_data  # noqa: E402
 
 RECORD = 785  # one label byte and 28 x 28 pixels
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
 
 
 def write_records(data_dir: Path, out: Path) -> int:
@@ -159,7 +158,7 @@ def _row(name: str, measured: tuple[float, float], elements: int) -> tuple[str, 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="directory of the MNIST idx files")
+    p.add_argument("--data", default=default_data(), help=f"directory of the MNIST idx files ({HELP})")
     p.add_argument("--elements", type=int, default=20_000, help="images the consumer reads per variant")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--blur", type=int, default=8, help="5x5 blurs per image (the augmentation's cost)")

@@ -4,7 +4,7 @@
     python benchmarks/ps_vs_mwms.py --quick      # smoke run: 40 steps of 64 rows on 4,000 rows
 
 Both train the demo CNN (``tfonspark.demo.build_model``: Adam, cosine decay over ``--steps``) on
-MNIST (``../shared/data/mnist`` relative to the repository, or ``--data``) with 2 workers, on
+MNIST (``--data``) with 2 workers, on
 the same Spark master (``--master``, default ``local[3]``), for the same number of steps with the
 same global batch, i.e. the same rows:
 
@@ -38,9 +38,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import HELP, default_data  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist" / "mnist_ps.py"
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist"
 QUICK = {"steps": 40, "batch_size": 64, "max_train_rows": 4000}
 
 
@@ -63,7 +65,7 @@ mnist_ps = load_example()
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help=f"MNIST idx directory (default: {DEFAULT_DATA})")
+    parser.add_argument("--data", default=default_data(), help=f"MNIST idx directory ({HELP})")
     parser.add_argument("--master", default="local[3]", help="Spark master of both runs (default: local[3])")
     parser.add_argument("--steps", type=int, default=1000, help="training steps of each run (default: 1000)")
     parser.add_argument("--batch-size", type=int, default=128, help="global batch: rows per step (default: 128)")

@@ -53,10 +53,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
+from _data import HELP, default_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "integration" / "restart_worker.py"
-DEFAULT_MNIST = REPO.parent / "shared" / "data" / "mnist"
 TRAIN_ROWS, TEST_ROWS, BATCH = 2048, 2000, 64
 
 
@@ -110,7 +110,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kill-at", type=int, default=13, help="steps into epoch 2 (of 4, 32 steps each) at the kill (default 13)"
     )
-    p.add_argument("--mnist", default=str(DEFAULT_MNIST), help=f"MNIST idx directory (default {DEFAULT_MNIST})")
+    p.add_argument("--mnist", default=default_data(), help=f"MNIST idx directory ({HELP})")
     p.add_argument(
         "--variants",
         default="spare",

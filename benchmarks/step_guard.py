@@ -13,7 +13,7 @@ same model, data and strategy (the process's one-worker ``MultiWorkerMirroredStr
 * ``guarded``: the step ``fit`` runs now.
 
 Each run builds a fresh demo CNN (:func:`tfonspark.demo.build_model`, Adam, global batch 128)
-over real MNIST (``--data``, else ``$TFONSPARK_DATA``, else ``../shared/data/mnist``), traces
+over real MNIST (``--data``, else ``$TFONSPARK_DATA``), traces
 and runs ``--warmup`` untimed steps, then times ``--steps`` steps, wall clock and the process's
 CPU time. Variants alternate within each repetition (the order rotates) and medians are
 reported with the ``plain`` runs' spread as the noise floor. Prints one line per run and the
@@ -38,6 +38,9 @@ import tensorflow as tf
 from tfonspark.demo import build_model
 from tfonspark.demo.datasets import load_mnist
 from tfonspark.distribute import replica_steps, strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import HELP, default_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 128
@@ -89,8 +92,7 @@ def _run(variant: str, dataset: tf.data.Dataset, warmup: int, steps: int) -> tup
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_data = os.environ.get("TFONSPARK_DATA", str(REPO.parent / "shared" / "data" / "mnist"))
-    parser.add_argument("--data", default=default_data, help="MNIST idx directory (default: %(default)s)")
+    parser.add_argument("--data", default=default_data(), help=f"MNIST idx directory ({HELP})")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--reps", type=int, default=6)

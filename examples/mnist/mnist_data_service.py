@@ -1,6 +1,6 @@
 """Train MNIST here while Spark executors augment the images: ``tfonspark.data_service``.
 
-    python examples/mnist/mnist_data_service.py --data ../shared/data/mnist --epochs 4
+    python examples/mnist/mnist_data_service.py --data /path/to/mnist --epochs 4
 
 The training images go to a raw file of 785-byte records (label, 28x28 pixels) that the
 executors can read (``--work-dir``: on a cluster, a shared filesystem). ``--workers`` tf.data
@@ -84,13 +84,23 @@ def main(argv: list[str] | None = None) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="MNIST trained here, augmented by the tf.data service on Spark")
-    p.add_argument("--data", default="../shared/data/mnist", help="directory of the MNIST idx files")
+    p.add_argument(
+        "--data",
+        default=os.environ.get("TFONSPARK_DATA"),
+        help=(
+            "directory of the MNIST idx files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+            "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, gzipped or not; default: $TFONSPARK_DATA)"
+        ),
+    )
     p.add_argument("--workers", type=int, default=2, help="tf.data workers (Spark task slots)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else the demo's)")
     p.add_argument("--work-dir", default=None, help="where the executors read the training records")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.data:
+        p.error("--data is required (or set TFONSPARK_DATA)")
+    return args
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Parallel batch inference with an exported SavedModel; predictions written as Parquet.
 
-    python examples/mnist/mnist_inference.py --data ../shared/data/mnist \\
+    python examples/mnist/mnist_inference.py --data /path/to/mnist \\
         --export-dir mnist_output/export --output mnist_output/predictions
 
 The driver turns the test (or training) idx files into a DataFrame ``id, image array<float>,

@@ -1,6 +1,6 @@
 """MNIST with parameter-server training: the driver is the coordinator (``tfonspark.ps_cluster``).
 
-    python examples/mnist/mnist_ps.py --data ../shared/data/mnist
+    python examples/mnist/mnist_ps.py --data /path/to/mnist
 
 ``tfonspark.ps_cluster(sc, num_workers=2, num_ps=1)`` starts two worker servers and one ps server
 on Spark executors (``--master local[3]`` by default: three task slots on this machine) and makes
@@ -35,10 +35,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "mnist"
 WARMUP_STEPS = 10
 LOG_EVERY = 100
 IMAGE_PIXELS = 28 * 28
@@ -49,8 +47,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--data",
-        default=os.environ.get("TFONSPARK_DATA") or (str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None),
-        help=f"directory of the MNIST idx files, read on the driver (default: $TFONSPARK_DATA, else {DEFAULT_DATA})",
+        default=os.environ.get("TFONSPARK_DATA"),
+        help=(
+            "directory of the MNIST idx files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+            "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, gzipped or not), read on the driver "
+            "(default: $TFONSPARK_DATA)"
+        ),
     )
     parser.add_argument("--master", default="local[3]", help="Spark master URL (default: local[3])")
     parser.add_argument("--workers", type=int, default=2, help="worker tasks (default: 2)")
@@ -68,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if not args.data:
-        parser.error(f"--data is required (or set TFONSPARK_DATA; {DEFAULT_DATA} does not exist)")
+        parser.error("--data is required (or set TFONSPARK_DATA)")
     if args.steps <= WARMUP_STEPS:
         parser.error(f"--steps must be more than {WARMUP_STEPS} (the untimed warm-up steps)")
     args.output_dir = os.path.abspath(args.output_dir)

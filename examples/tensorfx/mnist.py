@@ -1,8 +1,8 @@
 """The MNIST CNN through ``tfonspark.tensorfx``, in either input mode (or in this process).
 
-    python examples/tensorfx/mnist.py --data ../shared/data/mnist --mode spark --job-dir mnist_fx
-    python examples/tensorfx/mnist.py --data ../shared/data/mnist --mode tensorflow --job-dir mnist_fx
-    python examples/tensorfx/mnist.py --data ../shared/data/mnist --mode local --job-dir mnist_fx
+    python examples/tensorfx/mnist.py --data /path/to/mnist --mode spark --job-dir mnist_fx
+    python examples/tensorfx/mnist.py --data /path/to/mnist --mode tensorflow --job-dir mnist_fx
+    python examples/tensorfx/mnist.py --data /path/to/mnist --mode local --job-dir mnist_fx
 
 :class:`MnistBuilder` is the demo's CNN (two 5x5 convolutions, a hidden dense layer, Adam with
 a cosine decay over the planned steps) as a ``ModelBuilder``. Its rows are ``(image, label)``:

@@ -5,7 +5,7 @@ and ``<output>/tfr/{train,test}`` (TFRecords of tf.train.Example with int64 ``im
 ``label`` (1)). TFoS made them with ``tensorflow_datasets``, which downloads; this writes the
 same files from the idx files a user already has (``load_mnist``), with no network::
 
-    python -m tfonspark.demo.tfos_data --mnist ../shared/data/mnist --output data/mnist
+    python -m tfonspark.demo.tfos_data --mnist /path/to/mnist --output data/mnist
 """
 
 from __future__ import annotations
