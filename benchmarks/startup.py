@@ -11,7 +11,8 @@ this machine's wall clock, so the phases line up:
 * **Spark to supervisor**: ``run()`` called until the node's supervisor process exists
   (driver set-up, Spark job submit, the barrier stage, the task spawning the supervisor);
 * **rendezvous to TF process**: the supervisor exists until its TF process exists (register,
-  wait for every node, the cluster spec, spawning the TF process);
+  wait for every node, the cluster spec, forking the TF process from the executor's fork server,
+  or spawning it where there is none);
 * **TF process to map_fun**: the interpreter starts, imports tfonspark and pyspark's
   cloudpickle, starts the node's servers and unpickles ``map_fun``, which is entered;
 * **total**: ``run()`` called until the *last* node entered ``map_fun``; ``run()`` itself
@@ -19,7 +20,9 @@ this machine's wall clock, so the phases line up:
 
 Each phase is the slowest node's. Process creation times come from ``/proc`` (10 ms ticks).
 The table also shows whether TensorFlow was already imported when ``map_fun`` was entered
-(it should not be: a ``map_fun`` that never imports it should not pay for it), the cost of
+(yes where the TF process was forked from the executor's fork server, which imported it once
+for every later node of that executor; no where it was spawned: ``TFONSPARK_FORK_SERVER=off``,
+and a ``map_fun`` that never imports it does not pay for it then), the cost of
 the TF process's own imports measured alone in a fresh interpreter (also with pyspark from
 Spark's ``pyspark.zip``, which the TF process imported until its supervisor dropped the zip
 from its ``PYTHONPATH``), and ``shutdown()``.
@@ -39,6 +42,24 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common  # noqa: E402
+
+
+def supervisor_pid(executor_id: int) -> int:
+    """This TF process's supervisor: its parent where it was spawned; where it was forked from
+    the executor's fork server, the supervisor of its cluster and executor, by command line."""
+    import psutil
+
+    me = psutil.Process()
+    parent = me.parent()
+    if parent is not None and "tfonspark.executor.supervisor" in " ".join(parent.cmdline()):
+        return parent.pid
+    mine = me.cmdline()
+    cluster = mine[mine.index("--cluster") + 1][:12]
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if "tfonspark.executor.supervisor" in cmd and f"--executor {executor_id}" in cmd and cluster in cmd:
+            return int(proc.pid)
+    raise LookupError(f"no supervisor of TF process {me.pid} (executor {executor_id}, cluster {cluster})")
 
 
 def created(pid: int) -> float:
@@ -65,7 +86,7 @@ def map_fun(args: Any, ctx: Any) -> None:
         {
             "entered": entered,
             "tf_process": created(_os.getpid()),
-            "supervisor": created(_os.getppid()),
+            "supervisor": created(supervisor_pid(ctx.executor_id)),
             "tf_imported": "tensorflow" in _sys.modules,
         }
     )
@@ -164,7 +185,7 @@ def table(runs: list[Run], trivial: list[float], imports: list[float], zipped: l
     lines = [f"| phase (s) | median | {reps} |", "|---|---|" + "---|" * len(runs)]
     for field, name in (
         ("to_supervisor", "run() -> supervisor process (submit, barrier stage, spawn)"),
-        ("to_tf_process", "supervisor -> TF process (register, rendezvous, spawn)"),
+        ("to_tf_process", "supervisor -> TF process (register, rendezvous, fork or spawn)"),
         ("to_map_fun", "TF process -> map_fun entered (interpreter, imports, unpickle)"),
         ("total", "**run() -> last map_fun entered**"),
         ("run_returned", "run() returned"),
