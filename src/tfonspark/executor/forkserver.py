@@ -211,7 +211,7 @@ class _Server:
         self.listener = spare.listen_unix(path, backlog=16)
         self.inode = os.stat(path).st_ino
         self.children: dict[int, socket.socket | None] = {}  # None: its supervisor is gone
-        self.exits: dict[int, int] = {}  # a child's pidfd (readable once it exits) -> its pid
+        self.exits: dict[int, int] = {}  # a child's pid -> its pidfd (readable once it exits)
         self.idle_since = time.monotonic()
 
     def serve(self) -> _Child | None:
@@ -219,7 +219,7 @@ class _Server:
         self.idle_since = time.monotonic()  # TensorFlow is imported: from now on it may serve
         while self._wanted():
             listening = [self.listener] if self.listener.fileno() >= 0 else []
-            watched: list[socket.socket | int] = [*listening, *self.exits]
+            watched: list[socket.socket | int] = [*listening, *self.exits.values()]
             watched += [conn for conn in self.children.values() if conn is not None]
             readable, _, _ = select.select(watched, [], [], _POLL_SECS)
             for ready in readable:
@@ -282,7 +282,7 @@ class _Server:
             os.close(fd)
         self.children[pid] = conn  # the child answers on it (once relabelled); we, with its exit
         with contextlib.suppress(OSError, AttributeError):  # Linux >= 5.3; else the poll finds it
-            self.exits[os.pidfd_open(pid)] = pid
+            self.exits[pid] = os.pidfd_open(pid)
         return None
 
     def _become_child(self, conn: socket.socket, fds: tuple[int, int, int, int], cwd: str, label: list[str]) -> _Child:
@@ -295,7 +295,7 @@ class _Server:
         for other in self.children.values():
             if other is not None:
                 other.close()
-        for pidfd in self.exits:
+        for pidfd in self.exits.values():
             os.close(pidfd)
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
@@ -333,9 +333,8 @@ class _Server:
             if done == 0:
                 continue
             conn = self.children.pop(pid)
-            for pidfd in [fd for fd, of in self.exits.items() if of == pid]:
-                del self.exits[pidfd]
-                os.close(pidfd)
+            if pid in self.exits:
+                os.close(self.exits.pop(pid))
             if conn is not None:
                 with contextlib.suppress(OSError):
                     conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")

@@ -154,9 +154,7 @@ def _describe_exit(node: NodeState) -> tuple[str, int | None, str]:
 def collective_timed_out(node: NodeState) -> bool:
     """Whether ``node`` failed because one of its collectives ran out of ``timeout_seconds``
     (``DeadlineExceededError`` of an all-reduce): then it is the peer it waited on that failed."""
-    if node.exit is None:
-        return False
-    text = f"{node.exit.traceback}\n{node.exit.output_tail[-4000:]}"
+    text = _exit_text(node)
     return "DeadlineExceededError" in text and "ollective" in text
 
 
@@ -166,8 +164,14 @@ def aborted_by_peer(node: NodeState) -> bool:
     even where the driver heard of the peer's end a moment later."""
     if node.exit is None or node.exit.exit_code < 0:
         return False
-    text = f"{node.exit.traceback}\n{node.exit.output_tail[-4000:]}"
-    return "Collective ops is aborted by" in text and not collective_timed_out(node)
+    return "Collective ops is aborted by" in _exit_text(node) and not collective_timed_out(node)
+
+
+def _exit_text(node: NodeState) -> str:
+    """What ``node``'s TF process left to read: its traceback and its output's tail ("" if none)."""
+    if node.exit is None:
+        return ""
+    return f"{node.exit.traceback}\n{node.exit.output_tail[-4000:]}"
 
 
 def node_failed(failed: list[NodeState]) -> NodeFailed:
